@@ -1,0 +1,1 @@
+"""pellucid: an LLM engine you can see through."""
