@@ -69,7 +69,10 @@ class GGUFFile:
             data = dequantize(t.data, t.tensor_type)
         except Exception as e:  # the gguf package raises plain errors on short data
             raise ModelLoadError(f"{self.path}: tensor {name!r} could not be decoded ({e})") from e
-        return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).reshape(shape)
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        if not data.flags.writeable:  # F32 tensors come straight from the read-only memory map
+            data = data.copy()
+        return torch.from_numpy(data).reshape(shape)
 
     def _check_tensor_types(self) -> None:
         for t in self._reader.tensors:

@@ -1,0 +1,81 @@
+"""Gemma 3 as a small subclass of the Llama decoder: only what differs is overridden.
+
+Differences: RMSNorm scales by (1 + weight); embeddings are multiplied by sqrt(dim); each head's
+queries and keys are RMS-normalized (QK-norm); norms before *and* after attention and MLP; a
+tanh-GELU MLP; five of every six layers attend to a sliding window with their own RoPE base.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from pellucid.models.config import ModelConfig
+from pellucid.models.context import ForwardContext
+from pellucid.models.layers import MLP, Attention, RMSNorm
+from pellucid.models.llama import Block, LlamaModel
+from pellucid.models.rope import rope_cos_sin
+
+
+class GemmaRMSNorm(RMSNorm):
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        self.weight.data.zero_()  # (1 + 0) is the identity scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (self.normalize(x) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GemmaAttention(Attention):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return self.q_norm(q), self.k_norm(k)
+
+
+class GemmaMLP(MLP):
+    def act(self, x: Tensor) -> Tensor:
+        return F.gelu(x, approximate="tanh")
+
+
+class GemmaBlock(Block):
+    norm_class = GemmaRMSNorm
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.dim, cfg.norm_eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.dim, cfg.norm_eps)
+
+    def make_attention(self, cfg: ModelConfig, layer: int) -> Attention:
+        return GemmaAttention(cfg, layer)
+
+    def make_mlp(self, cfg: ModelConfig) -> MLP:
+        return GemmaMLP(cfg)
+
+    def forward(
+        self, x: Tensor, positions: Tensor, rope: tuple[Tensor, Tensor], ctx: ForwardContext | None
+    ) -> Tensor:
+        attn = self.self_attn(self.input_layernorm(x), positions, rope, ctx)
+        h = x + self.post_attention_layernorm(attn)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Gemma3Model(LlamaModel):
+    block_class = GemmaBlock
+
+    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
+        return GemmaRMSNorm(cfg.dim, cfg.norm_eps)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        x = self.embed_tokens(ids)
+        return x * x.new_tensor(self.cfg.dim**0.5)  # the scale is rounded to the weights' dtype
+
+    def rope_key(self, layer: int) -> int:
+        return int(self.cfg.is_sliding(layer))
+
+    def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        theta = self.cfg.rope_local_theta if self.cfg.is_sliding(layer) else self.cfg.rope_theta
+        return rope_cos_sin(positions, self.cfg.head_dim, theta)

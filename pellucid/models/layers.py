@@ -1,0 +1,108 @@
+"""The pieces of a decoder block: RMSNorm, grouped-query attention over Q/K/V, and the gated MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pellucid.models.config import ModelConfig
+from pellucid.models.context import ForwardContext
+from pellucid.models.rope import apply_rope
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference implementations do."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def normalize(self, x: Tensor) -> Tensor:
+        x = x.float()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.weight * self.normalize(x).to(x.dtype)
+
+
+def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
+    """Boolean (T, S) mask, True where query i may look at key j: causal, optionally windowed."""
+    delta = q_pos[:, None] - k_pos[None, :]  # how far back each key lies
+    allowed = delta >= 0
+    if window is not None:
+        allowed &= delta < window
+    return allowed
+
+
+class Attention(nn.Module):
+    """Each token asks (Q), every earlier token offers a match (K) and content (V).
+
+    n_heads query heads share n_kv_heads key/value heads (GQA), which keeps the KV cache small.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.scale = cfg.scale
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        bias = cfg.attn_bias
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k  # Gemma 3 normalizes each head here
+
+    def forward(
+        self, x: Tensor, positions: Tensor, rope: tuple[Tensor, Tensor], ctx: ForwardContext | None
+    ) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = self.norm_qk(q, k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k_pos = positions
+        if ctx is not None:  # append to the KV cache, then attend over all of it
+            k, v = ctx.store(self.layer, k, v)  # (B, S, n_kv, hd)
+            k_pos = torch.arange(k.shape[1])
+        mask = attention_mask(positions, k_pos, self.window)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T|S, hd)
+        if ctx is not None and self.layer in ctx.capture_attention:
+            out = self._attend_and_capture(q, k, v, mask, ctx)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def _attend_and_capture(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: ForwardContext
+    ) -> Tensor:
+        """The same attention written out, keeping softmax(QKᵀ·scale) for inspection."""
+        group = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * self.scale  # (B, heads, T, S)
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        ctx.attention[self.layer] = probs
+        return probs @ v
+
+
+class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SiLU for Llama, tanh-GELU for Gemma."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def act(self, x: Tensor) -> Tensor:
+        return F.silu(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,97 @@
+"""The Llama family decoder (SmolLM2, Llama, Mistral, Qwen2 layouts): the model pellucid serves and trains.
+
+One `forward(ids, positions, ctx)` for both uses: with a ForwardContext it reads and extends the KV
+cache (inference); with `ctx=None` it attends within the given tokens only (training, recompute).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pellucid.models.config import ModelConfig
+from pellucid.models.context import ForwardContext
+from pellucid.models.layers import MLP, Attention, RMSNorm
+from pellucid.models.rope import rope_cos_sin
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: attention mixes information across tokens, the MLP within each."""
+
+    norm_class: type[RMSNorm] = RMSNorm
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = self.norm_class(cfg.dim, cfg.norm_eps)
+        self.self_attn = self.make_attention(cfg, layer)
+        self.post_attention_layernorm = self.norm_class(cfg.dim, cfg.norm_eps)
+        self.mlp = self.make_mlp(cfg)
+
+    def make_attention(self, cfg: ModelConfig, layer: int) -> Attention:
+        return Attention(cfg, layer)
+
+    def make_mlp(self, cfg: ModelConfig) -> MLP:
+        return MLP(cfg)
+
+    def forward(
+        self, x: Tensor, positions: Tensor, rope: tuple[Tensor, Tensor], ctx: ForwardContext | None
+    ) -> Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), positions, rope, ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    """Token ids -> embeddings -> n_layers blocks -> final norm -> logits over the vocabulary."""
+
+    block_class: type[Block] = Block
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
+        self.norm = self.make_norm(cfg)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
+        return RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embed_tokens(ids)
+
+    def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+
+    def hidden_states(
+        self, ids: Tensor, positions: Tensor, ctx: ForwardContext | None = None
+    ) -> Tensor:
+        """ids: (B, T), positions: (T,) -> final normalized hidden states (B, T, dim)."""
+        x = self.embed(ids)
+        tables: dict[int, tuple[Tensor, Tensor]] = {}  # layers sharing a RoPE base share tables
+        for i, layer in enumerate(self.layers):
+            key = self.rope_key(i)
+            if key not in tables:
+                tables[key] = self.rope_tables(positions, i)
+            x = layer(x, positions, tables[key], ctx)
+        return self.norm(x)
+
+    def rope_key(self, layer: int) -> int:
+        return 0
+
+    def forward(
+        self,
+        ids: Tensor,
+        positions: Tensor | None = None,
+        ctx: ForwardContext | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
+        """Logits (B, T, vocab); with `last_only`, only for the last position (B, 1, vocab)."""
+        if positions is None:
+            start = ctx.start if ctx is not None else 0
+            positions = torch.arange(start, start + ids.shape[1])
+        h = self.hidden_states(ids, positions, ctx)
+        if last_only:
+            h = h[:, -1:]
+        return self.lm_head(h).float()

@@ -1,0 +1,81 @@
+"""Load a GGUF checkpoint into pellucid's modules: one table maps GGUF tensor names to ours.
+
+llama.cpp's converter changes two things that we undo here so one model definition serves GGUF
+and Hugging Face checkpoints alike: it permutes Llama's Q/K rows for its interleaved RoPE, and it
+stores Gemma's norm weights as (1 + w).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from pellucid.models.config import ModelConfig
+from pellucid.weights.gguf_file import GGUFFile
+
+GLOBAL_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+# Llama has one norm before the MLP and calls it post_attention_layernorm; Gemma has four.
+FFN_NORM = {"llama": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm"}
+
+
+def our_name(gguf_name: str, arch: str) -> str | None:
+    """blk.3.attn_q.weight -> layers.3.self_attn.q_proj.weight (None for tensors we do not use)."""
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m is None:
+        return None
+    layer, part, kind = m.groups()
+    mapped = FFN_NORM[arch] if part == "ffn_norm" else BLOCK_NAMES.get(part)
+    return f"layers.{layer}.{mapped}.{kind}" if mapped else None
+
+
+def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
+    """Invert llama.cpp's Q/K row permutation (interleaved pairs -> rotate-half halves)."""
+    rows = w.shape[0]
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
+    """All tensors of the file, dequantized to float32, under our module names."""
+    state: dict[str, Tensor] = {}
+    for name in gguf.tensor_names():
+        ours = our_name(name, cfg.arch)
+        if ours is None:
+            continue
+        t = gguf.tensor(name)
+        if cfg.arch == "llama" and ours.endswith("q_proj.weight"):
+            t = unpermute_rope(t, cfg.n_heads)
+        elif cfg.arch == "llama" and ours.endswith("k_proj.weight"):
+            t = unpermute_rope(t, cfg.n_kv_heads)
+        elif cfg.arch == "gemma3" and "norm" in ours:
+            t = t - 1.0
+        state[ours] = t
+    return state
+
+
+def to_dtype(state: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:
+    return {k: v.to(dtype) for k, v in state.items()}

@@ -1,0 +1,65 @@
+"""Turn a checkpoint path into a ready model: GGUF file or Hugging Face folder -> nn.Module + config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pellucid.errors import ModelLoadError
+from pellucid.models import build_model
+from pellucid.models.config import ModelConfig, config_from_gguf
+from pellucid.models.llama import LlamaModel
+from pellucid.weights.gguf_file import GGUFFile
+from pellucid.weights.gguf_loader import gguf_state_dict
+from pellucid.weights.hf_loader import hf_config, hf_state_dict
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    path: Path
+    config: ModelConfig
+    state: dict[str, Tensor]  # float32, under our module names
+    gguf_metadata: dict[str, Any] | None  # the tokenizer is built from this for GGUF files
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return Checkpoint(path, hf_config(path), hf_state_dict(path), None)
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or folder")
+    gguf = GGUFFile(path)
+    cfg = config_from_gguf(gguf.metadata, str(path))
+    return Checkpoint(path, cfg, gguf_state_dict(gguf, cfg), gguf.metadata)
+
+
+def build_from_state(
+    cfg: ModelConfig, state: dict[str, Tensor], dtype: torch.dtype, source: str
+) -> LlamaModel:
+    """Build the module on the meta device, then adopt the checkpoint tensors without copies."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = set(model.state_dict())
+    if cfg.tie_embeddings:
+        expected.discard("lm_head.weight")
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ModelLoadError(
+            f"{source}: checkpoint lacks {len(missing)} tensors the {cfg.arch} model needs, "
+            f"e.g. {missing[:3]}"
+        )
+    for name, t in state.items():
+        want = model.get_parameter(name).shape if name in expected else None
+        if want is not None and tuple(t.shape) != tuple(want):
+            raise ModelLoadError(f"{source}: tensor {name} has shape {tuple(t.shape)}, want {tuple(want)}")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items() if k in expected},
+                          strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
