@@ -1,0 +1,234 @@
+"""Sampler: turn a batch of logits (B, V) into one next token per row, each row with its own params.
+
+Order (HF, vLLM): penalties -> greedy argmax | temperature -> top-k -> top-p -> min-p -> draw.
+The engine keeps one `SamplerState` per sequence, calls `sample(logits, states)` once per step and
+then `state.update(token_id)` for every row. Maths are pure functions on tensors; the only state
+is the per-sequence history and random generator.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pellucid.engine.sampling_params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+class SamplerState:
+    """What one sequence's sampling remembers between steps: its params, generator and history.
+
+    Create it when the request is added, keep it on the Sequence (it survives preemption), and
+    call `update(token_id)` after every token the sequence appends. Token history is kept only
+    when the params have penalties, so plain requests cost nothing per step.
+    """
+
+    __slots__ = ("params", "generator", "seen", "counts")
+
+    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], vocab_size: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.params = params
+        # Seeded once; this row then draws only from it, so its tokens do not depend on the batch.
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(params.seed)
+        self.seen: Tensor | None = None  # (V,) bool: in prompt or output (repetition penalty)
+        self.counts: Tensor | None = None  # (V,) int32: times generated (presence, frequency)
+        if params.has_penalties:
+            _check_token_ids(prompt_token_ids, vocab_size)
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(list(prompt_token_ids), dtype=torch.long, device=device)] = True
+            self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+
+    def update(self, token_id: int) -> None:
+        """Record a token the sequence has just generated."""
+        if self.counts is not None:
+            self.counts[token_id] += 1
+            self.seen[token_id] = True
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: Tensor  # (B,) int64
+    # The fields below are None unless some row asked for logprobs. They come from the raw model
+    # distribution, log_softmax(logits) before penalties and temperature, as OpenAI and vLLM report.
+    logprobs: Tensor | None = None  # (B,) logprob of the chosen token
+    top_token_ids: Tensor | None = None  # (B, n) n = largest `logprobs` in the batch; row i
+    top_logprobs: Tensor | None = None  # (B, n)     should keep only its first params.logprobs
+
+
+def sample(logits: Tensor, states: Sequence[SamplerState]) -> SamplerOutput:
+    """Choose one token per row of logits (B, V); states[i] holds row i's params and history."""
+    assert logits.dim() == 2 and logits.shape[0] == len(states), "one SamplerState per row"
+    raw = logits.float()
+    params = [s.params for s in states]
+    logits = _penalize(raw, states) if any(p.has_penalties for p in params) else raw
+    greedy = [p.is_greedy for p in params]
+    if all(greedy):  # fast path: no softmax, no noise
+        token_ids = logits.argmax(dim=-1)
+    else:
+        probs = torch.softmax(_filter(logits, params), dim=-1)
+        token_ids = exponential_race(probs, [s.generator for s in states], skip=greedy)
+        if any(greedy):
+            is_greedy = torch.tensor(greedy, device=logits.device)
+            token_ids = torch.where(is_greedy, logits.argmax(dim=-1), token_ids)
+    return _with_logprobs(raw, token_ids, params)
+
+
+def apply_penalties(logits: Tensor, seen: Tensor, counts: Tensor, repetition: Tensor,
+                    presence: Tensor, frequency: Tensor) -> Tensor:
+    """Penalize tokens a sequence has already produced.
+
+    logits (B, V); seen (B, V) bool, token in prompt or output; counts (B, V), times generated;
+    repetition, presence, frequency (B,).
+    Repetition (HF, llama.cpp, vLLM), for seen tokens: l / r if l > 0 else l * r. Dividing alone
+    would make a negative logit *more* likely, hence the two cases.
+    Presence and frequency (OpenAI), on generated tokens:
+    l - frequency * count - presence * [count > 0].
+    """
+    r = repetition[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    counts = counts.to(logits.dtype)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+
+
+def apply_temperature(logits: Tensor, temperature: Tensor) -> Tensor:
+    """Divide row i by temperature[i]; rows at 0 are greedy and left alone. logits (B, V)."""
+    t = torch.where(temperature > 0, temperature, 1.0)
+    return logits / t[:, None]
+
+
+def top_k_mask(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tensor:
+    """Keep row i's top_k[i] largest logits, -inf elsewhere; top_k <= 0 keeps all. logits (B, V).
+
+    Ties with the k-th value are kept (as HF does). max_k, the largest k in the batch, is known
+    on the host when the caller built top_k; passing it spares a device sync.
+    """
+    vocab_size = logits.shape[-1]
+    k = top_k.clamp(max=vocab_size)
+    max_k = int(k.max()) if max_k is None else min(max_k, vocab_size)
+    if max_k <= 0:
+        return logits
+    best = logits.topk(max_k, dim=-1).values  # (B, max_k), descending
+    kth = best.gather(1, (k - 1).clamp(min=0)[:, None])  # (B, 1)
+    kth = torch.where(k[:, None] > 0, kth, NEG_INF)  # k off: nothing lies below -inf
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p_mask(logits: Tensor, top_p: Tensor) -> Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to >= top_p[i].
+
+    logits (B, V); rows with top_p >= 1 keep all: in float32 the mass above a tail token can
+    round to 1.0 (p = 1 - 1e-13 is 1.0), which would otherwise cut the tail of an untouched row.
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+    drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)  # back to vocab order
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def min_p_mask(logits: Tensor, min_p: Tensor) -> Tensor:
+    """Keep tokens with p >= min_p[i] * p_max, -inf elsewhere. logits (B, V).
+
+    In logit space that is l >= l_max + log(min_p): no softmax needed, and min_p = 0 gives a
+    threshold of -inf, which keeps everything.
+    """
+    threshold = logits.amax(dim=-1, keepdim=True) + torch.log(min_p)[:, None]  # (B, 1)
+    return logits.masked_fill(logits < threshold, NEG_INF)
+
+
+def exponential_race(probs: Tensor, generators: Sequence[torch.Generator | None],
+                     skip: Sequence[bool] | None = None) -> Tensor:
+    """Draw one token per row of probs (B, V), without a device sync.
+
+    With E_i ~ Exp(1), E_i / p_i ~ Exp(rate p_i), and the smallest of independent exponentials
+    is i with probability p_i / sum(p): so argmax(p / E) is a draw from p (gpt-fast, vLLM).
+    Row i's noise comes from generators[i] alone (None: torch's default generator), so a seeded
+    row draws the same tokens whatever else is in the batch. Rows in `skip` draw nothing.
+    """
+    skip = skip or [False] * len(generators)
+    uniform = torch.empty_like(probs)
+    if any(g is None and not s for g, s in zip(generators, skip)):
+        uniform.uniform_()  # one call for every unseeded row; seeded rows are overwritten next
+    for row, (generator, skipped) in enumerate(zip(generators, skip)):
+        if generator is not None and not skipped:
+            uniform[row].uniform_(generator=generator)
+    # -log(U) ~ Exp(1), and several times faster on CPU than exponential_(). U < 1 keeps the noise
+    # > 0, so a masked token scores 0 / noise = 0 and can never win (no 0 / 0 = NaN).
+    noise = uniform.log_().neg_()
+    return (probs / noise).argmax(dim=-1)
+
+
+def _penalize(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
+    """apply_penalties with each row's history stacked to (B, V); rows without one get zeros."""
+    vocab_size = logits.shape[-1]
+    no_seen = torch.zeros(vocab_size, dtype=torch.bool, device=logits.device)
+    no_counts = torch.zeros(vocab_size, dtype=torch.int32, device=logits.device)
+    for s in states:
+        if s.counts is not None and s.counts.shape[0] != vocab_size:
+            raise ValueError(f"SamplerState was made for a vocabulary of {s.counts.shape[0]} "
+                             f"tokens but the logits have {vocab_size}; pass the model's "
+                             f"logits width as vocab_size")
+    seen = torch.stack([no_seen if s.seen is None else s.seen for s in states])  # (B, V)
+    counts = torch.stack([no_counts if s.counts is None else s.counts for s in states])  # (B, V)
+    params = [s.params for s in states]
+    return apply_penalties(logits, seen, counts,
+                           _row_values([p.repetition_penalty for p in params], logits),
+                           _row_values([p.presence_penalty for p in params], logits),
+                           _row_values([p.frequency_penalty for p in params], logits))
+
+
+def _filter(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Temperature, top-k, top-p, min-p on (B, V) logits, skipping what no row asks for."""
+    top_k = [max(p.top_k, 0) for p in params]
+    max_k = max(top_k)
+    if 0 < max_k < logits.shape[-1] and all(k > 0 for k, p in zip(top_k, params)
+                                            if not p.is_greedy):
+        # Every sampled row keeps at most max_k tokens: filter those few instead of all V
+        # (as llama.cpp does), so top-p sorts max_k values rather than the whole vocabulary.
+        values, ids = logits.topk(max_k, dim=-1)  # (B, max_k)
+        kept = _filter_rows(values, params, top_k, max_k)
+        return torch.full_like(logits, NEG_INF).scatter_(1, ids, kept)
+    return _filter_rows(logits, params, top_k, max_k)
+
+
+def _filter_rows(logits: Tensor, params: list[SamplingParams], top_k: list[int],
+                 max_k: int) -> Tensor:
+    """The filters in order on logits (B, N), N = V or the max_k candidates; all order-agnostic."""
+    if any(not p.is_greedy and p.temperature != 1.0 for p in params):
+        temperature = [0.0 if p.is_greedy else p.temperature for p in params]
+        logits = apply_temperature(logits, _row_values(temperature, logits))
+    if max_k > 0:
+        top_k_tensor = torch.tensor(top_k, dtype=torch.long, device=logits.device)
+        logits = top_k_mask(logits, top_k_tensor, max_k)
+    if any(p.top_p < 1.0 for p in params):
+        logits = top_p_mask(logits, _row_values([p.top_p for p in params], logits))
+    if any(p.min_p > 0.0 for p in params):
+        logits = min_p_mask(logits, _row_values([p.min_p for p in params], logits))
+    return logits
+
+
+def _with_logprobs(raw: Tensor, token_ids: Tensor, params: list[SamplingParams]) -> SamplerOutput:
+    asked = [p.logprobs for p in params if p.logprobs is not None]
+    if not asked:
+        return SamplerOutput(token_ids)
+    logprobs = torch.log_softmax(raw, dim=-1)  # (B, V), the raw model distribution
+    chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)  # (B,)
+    top = logprobs.topk(min(max(asked), raw.shape[-1]), dim=-1)  # (B, n)
+    return SamplerOutput(token_ids, chosen, top.indices, top.values)
+
+
+def _row_values(values: list[float], like: Tensor) -> Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)  # (B,)
+
+
+def _check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary "
+                         f"(0 ... {vocab_size - 1}); the tokenizer and model do not match")

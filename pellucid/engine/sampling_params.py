@@ -1,0 +1,84 @@
+"""SamplingParams: how one request picks its tokens, with vLLM/OpenAI names and defaults.
+
+Validated on construction, so a bad request fails at `add_request` (an HTTP 400 in the server)
+and never inside a decode step.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+# vLLM's rule: below this temperature a row is decoded greedily. Dividing logits by a smaller
+# number risks float32 overflow, and the distribution is an argmax in all but name anyway.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_p: float = 1.0  # keep the smallest set of tokens whose probability sums to >= top_p
+    top_k: int = 0  # keep the k most likely tokens; 0 or -1 = off
+    min_p: float = 0.0  # keep tokens with p >= min_p * p_max
+    repetition_penalty: float = 1.0  # HF/llama.cpp/vLLM: on prompt + output tokens, > 1 discourages
+    presence_penalty: float = 0.0  # OpenAI: minus this once for every token generated so far
+    frequency_penalty: float = 0.0  # OpenAI: minus this times how often a token was generated
+    seed: int | None = None  # set: this request's tokens are reproducible, whatever its batch
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None = none; n = chosen token's logprob + n top alternatives
+    trace: bool = False  # reserved for `pellucid explain`
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 1,
+                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(_is_number(self.temperature) and self.temperature >= 0,
+                 f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        _require(_is_number(self.top_p) and 0 < self.top_p <= 1,
+                 f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")
+        _require(_is_int(self.top_k) and self.top_k >= -1,
+                 f"top_k must be an integer >= 1, or 0 / -1 for off, got {self.top_k!r}")
+        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1,
+                 f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        _require(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+                 f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _require(_is_number(value) and -2 <= value <= 2,
+                     f"{name} must be in [-2, 2] (0 = off), got {value!r}")
+        self._check_lists_and_options()
+
+    def _check_lists_and_options(self) -> None:
+        _require(self.seed is None or _is_int(self.seed),
+                 f"seed must be an integer or None, got {self.seed!r}")
+        _require(all(isinstance(s, str) and s for s in self.stop),
+                 f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+                 f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
+        _require(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
+                 f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when sampling needs this request's token history."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # True is an int in Python; not here
+
+
+def _is_number(x: object) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)  # no NaN, no inf

@@ -1,0 +1,294 @@
+"""Sampler tests: params validation, masks and penalties against hand-computed values, seeds that
+repeat and ignore the batch, empirical frequencies against softmax, raw logprobs.
+
+Run: .venv/bin/python -m pytest tests/test_sampler.py -q
+"""
+
+import math
+
+import pytest
+import torch
+
+from pellucid.engine import sampler as sampler_module
+from pellucid.engine.sampler import (SamplerState, apply_penalties, apply_temperature,
+                                     exponential_race, min_p_mask, sample, top_k_mask, top_p_mask)
+from pellucid.engine.sampling_params import SamplingParams
+
+INF = float("inf")
+# Probabilities small enough to reason about by hand, in a scrambled vocabulary order.
+PROBS = [0.05, 0.5, 0.15, 0.3]
+LOGITS = torch.tensor(PROBS).log()
+
+
+def kept(masked: torch.Tensor) -> list[set[int]]:
+    """Per row, the token ids a mask left finite."""
+    return [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in masked]
+
+
+def draw(logits_row: torch.Tensor, params: SamplingParams, n: int) -> torch.Tensor:
+    """n unseeded draws from one distribution, as n rows of one batch."""
+    torch.manual_seed(0)
+    state = SamplerState(params, [], logits_row.shape[-1])
+    return sample(logits_row.expand(n, -1), [state] * n).token_ids
+
+
+def frequencies(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(token_ids, minlength=vocab_size).float() / len(token_ids)
+
+
+# --- SamplingParams -------------------------------------------------------------------------
+
+
+def test_params_defaults_follow_vllm_and_openai():
+    p = SamplingParams()
+    assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.min_p) == (256, 1.0, 1.0, 0, 0.0)
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert p.seed is None and p.stop == [] and p.stop_token_ids == [] and p.logprobs is None
+    assert not p.ignore_eos and not p.trace and not p.is_greedy and not p.has_penalties
+    assert SamplingParams().stop is not p.stop  # no shared mutable default
+
+
+def test_params_accept_a_single_stop_string_and_top_k_minus_one():
+    assert SamplingParams(stop="\n\n").stop == ["\n\n"]
+    assert SamplingParams(top_k=-1).top_k == -1
+    assert SamplingParams(temperature=0).is_greedy
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -1), ("temperature", math.nan),
+    ("temperature", math.inf), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("top_k", 2.5),
+    ("min_p", -0.1), ("min_p", 1.1), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+    ("presence_penalty", 2.5), ("frequency_penalty", -2.1), ("seed", "42"), ("stop", [""]),
+    ("stop_token_ids", [-1]), ("logprobs", -1), ("logprobs", True),
+])
+def test_params_reject_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_params_error_says_what_was_given():
+    with pytest.raises(ValueError, match=r"temperature must be >= 0.*got -1"):
+        SamplingParams(temperature=-1)
+
+
+# --- pure functions against hand-computed values --------------------------------------------
+
+
+def test_apply_penalties_by_the_documented_formulas():
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.0]]).repeat(3, 1)
+    seen = torch.tensor([[True, True, True, True, False]]).repeat(3, 1)  # prompt 0, 1; output 2, 3
+    counts = torch.tensor([[0, 0, 2, 1, 0]]).repeat(3, 1)
+    out = apply_penalties(logits, seen, counts,
+                          repetition=torch.tensor([2.0, 1.0, 1.0]),
+                          presence=torch.tensor([0.25, 0.0, -0.5]),
+                          frequency=torch.tensor([0.5, 0.0, 0.0]))
+    # row 0: 2/2; -1*2; 0.5/2 - 0.5*2 - 0.25; -3*2 - 0.5*1 - 0.25; unseen token untouched
+    assert out[0].tolist() == [1.0, -2.0, -1.0, -6.75, 1.0]
+    assert out[1].tolist() == logits[1].tolist()  # neutral params change nothing
+    # a negative presence penalty encourages generated tokens (OpenAI allows [-2, 2])
+    assert out[2].tolist() == [2.0, -1.0, 1.0, -2.5, 1.0]
+
+
+def test_sampler_state_tracks_prompt_and_output():
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.25, frequency_penalty=0.5)
+    state = SamplerState(params, [0, 1, 1], vocab_size=5)
+    for token_id in (2, 2, 3):
+        state.update(token_id)
+    assert state.seen.tolist() == [True, True, True, True, False]
+    assert state.counts.tolist() == [0, 0, 2, 1, 0]  # prompt tokens are not "generated"
+    assert SamplerState(SamplingParams(), [0, 1], vocab_size=5).counts is None  # no cost if unused
+
+
+def test_apply_temperature_divides_and_leaves_greedy_rows():
+    logits = torch.tensor([[2.0, -4.0], [2.0, -4.0]])
+    out = apply_temperature(logits, torch.tensor([2.0, 0.0]))
+    assert out.tolist() == [[1.0, -2.0], [2.0, -4.0]]
+
+
+def test_top_k_mask_keeps_exactly_k_per_row():
+    logits = torch.tensor([[1.0, 5.0, 3.0, 2.0, 4.0]]).repeat(4, 1)
+    out = top_k_mask(logits, torch.tensor([2, 0, 9, -1]))
+    assert kept(out) == [{1, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}]
+    assert out[0, 1] == 5.0 and out[0, 4] == 4.0  # kept logits are not changed
+    assert kept(top_k_mask(logits[:1], torch.tensor([3]), max_k=3)) == [{1, 2, 4}]
+
+
+def test_top_k_mask_keeps_ties_with_the_kth():
+    assert kept(top_k_mask(torch.tensor([[3.0, 2.0, 2.0, 0.0]]), torch.tensor([2]))) == [{0, 1, 2}]
+
+
+def test_top_p_mask_keeps_smallest_set_reaching_p():
+    # sorted: 0.5 (id 1), 0.3 (id 3), 0.15 (id 2), 0.05 (id 0); cumulative 0.5, 0.8, 0.95, 1.0
+    top_p = torch.tensor([0.4, 0.75, 0.85, 0.97, 1.0])
+    out = top_p_mask(LOGITS.repeat(5, 1), top_p)
+    assert kept(out) == [{1}, {1, 3}, {1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}]
+
+
+def test_top_p_one_keeps_tokens_float32_rounds_away():
+    # p = 1 / (1 + 2e-13) is exactly 1.0 in float32, so the mass above the tail "reaches" 1.0
+    logits = torch.tensor([[0.0, -30.0, -30.0]])
+    assert kept(top_p_mask(logits, torch.tensor([1.0])))[0] == {0, 1, 2}
+
+
+def test_min_p_mask_keeps_tokens_above_fraction_of_max():
+    # p_max = 0.5; thresholds 0.1, 0.25, 0.35, 0
+    out = min_p_mask(LOGITS.repeat(4, 1), torch.tensor([0.2, 0.5, 0.7, 0.0]))
+    assert kept(out) == [{1, 2, 3}, {1, 3}, {1}, {0, 1, 2, 3}]
+
+
+def test_exponential_race_never_picks_zero_probability():
+    probs = torch.tensor([[0.0, 1.0, 0.0]]).repeat(2000, 1)
+    assert exponential_race(probs, [None] * 2000).eq(1).all()
+
+
+# --- sample(): greedy, temperature, seeds ----------------------------------------------------
+
+
+def test_greedy_is_argmax_with_first_index_on_ties():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1))
+    logits[3] = torch.tensor([1.0, 3.0, 3.0] + [0.0] * 47)
+    states = [SamplerState(SamplingParams(temperature=0), [], 50)] * 4
+    out = sample(logits, states).token_ids
+    assert out[:3].tolist() == logits[:3].argmax(-1).tolist() and out[3] == 1
+
+
+def test_greedy_rows_stay_argmax_in_a_sampling_batch():
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(5))
+    states = [SamplerState(SamplingParams(temperature=0 if i % 2 else 1.5), [], 100)
+              for i in range(64)]
+    out = sample(logits, states).token_ids
+    assert out[1::2].tolist() == logits[1::2].argmax(-1).tolist()
+    assert out[0::2].tolist() != logits[0::2].argmax(-1).tolist()  # the others really sample
+
+
+def test_greedy_uses_penalized_logits():
+    logits = torch.tensor([[2.0, 1.9, -1.0]])
+    plain = SamplerState(SamplingParams(temperature=0), [0], 3)
+    penalized = SamplerState(SamplingParams(temperature=0, repetition_penalty=1.1), [0], 3)
+    assert sample(logits, [plain]).token_ids.item() == 0
+    assert sample(logits, [penalized]).token_ids.item() == 1  # 2 / 1.1 = 1.82 < 1.9
+
+
+def test_frequency_penalty_grows_with_repeats_and_presence_ignores_prompt():
+    logits = torch.tensor([[1.0, 0.8]])
+    state = SamplerState(SamplingParams(temperature=0, frequency_penalty=0.15), [], 2)
+    assert sample(logits, [state]).token_ids.item() == 0
+    state.update(0)  # 1.0 - 0.15 = 0.85 > 0.8: still 0
+    assert sample(logits, [state]).token_ids.item() == 0
+    state.update(0)  # 1.0 - 0.30 = 0.70 < 0.8
+    assert sample(logits, [state]).token_ids.item() == 1
+    prompt_only = SamplerState(SamplingParams(temperature=0, presence_penalty=2.0), [0], 2)
+    assert sample(logits, [prompt_only]).token_ids.item() == 0
+
+
+def test_temperature_to_zero_becomes_argmax():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.0])  # gaps >= 1: at T=0.01 others have p < e^-100
+    assert draw(logits, SamplingParams(temperature=0.01), 1000).eq(1).all()
+    assert draw(logits, SamplingParams(temperature=1e-7), 10).eq(1).all()  # below 1e-5: greedy
+
+
+def run_steps(logit_steps: torch.Tensor, row: int, states: list[SamplerState]) -> list[int]:
+    """Sample every step of logit_steps (T, B, V), update histories, return row's tokens."""
+    tokens = []
+    for logits in logit_steps:
+        token_ids = sample(logits, states).token_ids.tolist()
+        for state, token_id in zip(states, token_ids):
+            state.update(token_id)
+        tokens.append(token_ids[row])
+    return tokens
+
+
+def test_seeded_rows_repeat_and_seeds_differ():
+    logit_steps = torch.randn(30, 1, 1000, generator=torch.Generator().manual_seed(2))
+    def tokens(seed: int) -> list[int]:
+        return run_steps(logit_steps, 0, [SamplerState(SamplingParams(seed=seed), [], 1000)])
+    assert tokens(1234) == tokens(1234)
+    assert tokens(1234) != tokens(1235)
+
+
+def test_seeded_row_ignores_the_rest_of_the_batch():
+    vocab_size = 200
+    logit_steps = torch.randn(20, 4, vocab_size, generator=torch.Generator().manual_seed(3))
+    target = SamplingParams(seed=7, temperature=0.8, top_k=50, top_p=0.9, min_p=0.01,
+                            repetition_penalty=1.3, frequency_penalty=0.5)
+    alone = run_steps(logit_steps[:, 2:3], 0, [SamplerState(target, [5, 6], vocab_size)])
+    others = [SamplingParams(), SamplingParams(temperature=0),
+              SamplingParams(seed=99, presence_penalty=1.0)]  # top_k off: the full-V path
+    batch = [SamplerState(p, [1], vocab_size) for p in others]
+    batch.insert(2, SamplerState(target, [5, 6], vocab_size))
+    torch.manual_seed(123)  # the unseeded row's draws must not matter either
+    assert run_steps(logit_steps, 2, batch) == alone
+
+
+# --- empirical distributions ---------------------------------------------------------------
+
+
+def test_frequencies_match_softmax_over_temperature():
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.5, 0.0, 1.8])
+    n = 20_000
+    counts = torch.bincount(draw(logits, SamplingParams(temperature=0.7), n), minlength=6)
+    expected = torch.softmax(logits / 0.7, dim=-1) * n
+    chi_square = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi_square < 20.5  # 5 degrees of freedom: exceeded with probability 0.001
+
+
+def test_seeded_rows_draw_from_softmax():
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.5]).expand(4000, -1)
+    states = [SamplerState(SamplingParams(seed=s), [], 4) for s in range(4000)]
+    freq = frequencies(sample(logits, states).token_ids, 4)
+    assert (freq - torch.softmax(logits[0], -1)).abs().max() < 0.03
+
+
+def test_top_k_support_over_many_draws():
+    logits = torch.tensor([0.5, 2.0, -1.0, 1.5, 0.0, 1.8, -0.5, 0.3])
+    assert set(draw(logits, SamplingParams(top_k=3), 4000).tolist()) == {1, 3, 5}
+    assert set(draw(logits, SamplingParams(top_k=-1), 4000).tolist()) == set(range(8))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(top_k=3, top_p=0.8),  # top-3 {1, 3, 2} renormalized: 0.53, 0.32, 0.16
+    SamplingParams(top_p=0.75),  # the full-vocabulary path
+    SamplingParams(min_p=0.5),  # threshold 0.25
+])
+def test_filtered_frequencies_are_renormalized(params):
+    freq = frequencies(draw(LOGITS, params, 10_000), 4)
+    assert (freq - torch.tensor([0.0, 0.625, 0.0, 0.375])).abs().max() < 0.025
+
+
+# --- logprobs, errors, fast path -------------------------------------------------------------
+
+
+def test_logprobs_come_from_the_raw_distribution():
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(logprobs=2, temperature=0.5, repetition_penalty=1.5, seed=1),
+              SamplingParams(), SamplingParams(logprobs=0, temperature=0)]
+    out = sample(logits, [SamplerState(p, [0, 1, 2], 20) for p in params])
+    raw = logits - logits.exp().sum(-1, keepdim=True).log()  # log softmax, written out
+    torch.testing.assert_close(out.logprobs, raw.gather(1, out.token_ids[:, None]).squeeze(1))
+    top2 = logits[0].argsort(descending=True)[:2]
+    assert out.top_token_ids.shape == (3, 2) and out.top_token_ids[0].tolist() == top2.tolist()
+    torch.testing.assert_close(out.top_logprobs[0], raw[0, top2])
+    assert out.token_ids[2] == logits[2].argmax()  # the greedy row, in a batch that samples
+    assert sample(logits, [SamplerState(SamplingParams(), [], 20)] * 3).logprobs is None
+
+
+def test_wrong_vocab_or_prompt_ids_raise_value_error():
+    penalized = SamplingParams(repetition_penalty=1.2)
+    with pytest.raises(ValueError, match="vocab"):
+        sample(torch.zeros(1, 12), [SamplerState(penalized, [0], vocab_size=10)])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SamplerState(penalized, [3, 10], vocab_size=10)
+
+
+def test_plain_rows_skip_penalties_and_filters(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("called on the fast path")
+    for name in ("apply_penalties", "apply_temperature", "top_k_mask", "top_p_mask",
+                 "min_p_mask"):
+        monkeypatch.setattr(sampler_module, name, forbidden)
+    logits = torch.randn(3, 10)
+    plain = [SamplerState(SamplingParams(seed=0), [], 10)] * 3
+    assert sample(logits, plain).token_ids.shape == (3,)
+    monkeypatch.setattr(sampler_module, "exponential_race", forbidden)
+    greedy = sample(logits, [SamplerState(SamplingParams(temperature=0), [], 10)] * 3)
+    assert greedy.token_ids.tolist() == logits.argmax(-1).tolist()
