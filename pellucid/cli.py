@@ -1,0 +1,176 @@
+"""The `pellucid` command: generate, chat, tokenize, models.
+
+    pellucid generate "The capital of France is" --temperature 0 --max-tokens 8
+    pellucid chat
+    pellucid tokenize "Hello world" --json
+    pellucid models
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pellucid import catalog
+from pellucid.errors import PellucidError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (PellucidError, ValueError) as e:  # errors meant for the user: one line, no traceback
+        print(f"pellucid: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pellucid", description="An LLM engine you can see through.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="complete a prompt, streaming the text")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--quiet", action="store_true", help="do not print the timing line")
+    gen.set_defaults(run=run_generate)
+
+    chat = commands.add_parser("chat", help="talk to the model (/reset, /exit)")
+    add_model_args(chat)
+    add_sampling_args(chat)
+    chat.add_argument("--system", help="a system message to start the conversation with")
+    chat.set_defaults(run=run_chat)
+
+    tok = commands.add_parser("tokenize", help="show the tokens (pieces and ids) of a text")
+    tok.add_argument("text")
+    tok.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tok.add_argument("--model", help=f"model name or path (default {catalog.DEFAULT_MODEL})")
+    tok.set_defaults(run=run_tokenize)
+
+    models = commands.add_parser("models", help="list the models available locally")
+    models.set_defaults(run=run_models)
+    return parser
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    # Defaults follow llama.cpp's command line: mildly random, trimmed tails.
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace):
+    from pellucid.engine.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+
+
+def load(args: argparse.Namespace):
+    from pellucid.llm import LLM  # imported late so `pellucid --help` stays instant
+
+    return LLM(args.model, dtype=getattr(args, "dtype", "float32"))
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    llm = load(args)
+    if args.chat:
+        stream = llm.chat_stream([{"role": "user", "content": args.prompt}], params)
+    else:
+        stream = llm.stream(args.prompt, params)
+    last = None
+    for last in stream:
+        print(last.delta, end="", flush=True)
+    print()
+    if last is not None and not args.quiet:
+        print(f"[{last.timings.summary()}; finish: {last.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = sampling_params(args)
+    llm = load(args)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    print("Chatting with", llm.path.name, "- /reset starts over, /exit quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() == "/exit":
+            return 0
+        if line.strip() == "/reset":
+            messages = list(start)
+            print("(conversation reset)", file=sys.stderr)
+            continue
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        for out in llm.chat_stream(messages, params):
+            print(out.delta, end="", flush=True)
+            reply = out.text
+        print()
+        messages.append({"role": "assistant", "content": reply})
+
+
+def run_tokenize(args: argparse.Namespace) -> int:
+    from pellucid.tokenizer import Tokenizer
+    from pellucid.weights.gguf_file import read_metadata
+
+    path = catalog.resolve(args.model)
+    if path.is_dir():
+        tok = Tokenizer.from_hf_folder(path)
+    else:
+        tok = Tokenizer.from_gguf_metadata(read_metadata(path))
+    ids = tok.encode(args.text, add_special=True, parse_special=True)
+    pieces = [tok.id_to_piece(i) for i in ids]
+    if args.json:
+        print(json.dumps({"ids": ids, "pieces": pieces}, ensure_ascii=False))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("#", "id", "piece", title=f"{len(ids)} tokens")
+    for n, (i, piece) in enumerate(zip(ids, pieces)):
+        table.add_row(str(n), str(i), repr(piece))
+    Console().print(table)
+    return 0
+
+
+def run_models(args: argparse.Namespace) -> int:
+    for entry in catalog.CATALOG:
+        default = " (default)" if entry.name == catalog.DEFAULT_MODEL else ""
+        print(f"{entry.name}{default}: {entry.description}")
+        if entry.is_installed():
+            print(f"  from package {entry.package}: {entry.path()}")
+        else:
+            print(f"  not installed; {entry.install}")
+    print("Any local GGUF file or Hugging Face folder (config.json + *.safetensors) works too.")
+    return 0

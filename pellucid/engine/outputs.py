@@ -1,0 +1,50 @@
+"""What the engine hands back after each step: text deltas, token ids, finish reason, timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Timings:
+    """Measured on this run: how long pre-fill took and how fast decoding went."""
+
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0  # one parallel forward pass over the whole prompt
+    decode_tokens: int = 0  # tokens produced by decode steps (the first comes from pre-fill)
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.prompt_tokens} prompt tokens, pre-fill {self.prefill_s * 1000:.0f} ms "
+            f"({self.prefill_tokens_per_s:.0f} tok/s), decode {self.decode_tokens} tokens at "
+            f"{self.decode_tokens_per_s:.1f} tok/s"
+        )
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the most likely alternatives: (token id, logprob)
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated so far
+    text: str  # generated so far, stop strings removed
+    delta: str  # new text since the previous output of this request
+    finished: bool
+    finish_reason: str | None  # "stop" (EOS, stop token or string) | "length" | "abort"
+    timings: Timings
+    logprobs: list[TokenLogprob] | None = field(default=None)

@@ -1,0 +1,121 @@
+"""LLM: the Python API. Load a model, then generate, stream, chat or score text with it.
+
+    from pellucid import LLM, SamplingParams
+    llm = LLM()                                    # SmolLM2-135M-Instruct from its package
+    out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))
+    print(out[0].text)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from pellucid import catalog
+from pellucid.engine.llm_engine import LLMEngine
+from pellucid.engine.outputs import RequestOutput
+from pellucid.engine.sampling_params import SamplingParams
+from pellucid.errors import PromptError
+from pellucid.tokenizer import Tokenizer
+from pellucid.weights.loader import build_from_state, read_checkpoint
+
+Prompt = str | list[int]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+    ):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        start = time.perf_counter()
+        self.path = catalog.resolve(model)
+        ckpt = read_checkpoint(self.path)
+        self.config = ckpt.config
+        if ckpt.gguf_metadata is not None:
+            self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.gguf_metadata)
+        else:
+            self.tokenizer = Tokenizer.from_hf_folder(self.path)
+        self.dtype = DTYPES[dtype]
+        self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
+        max_len = min(max_model_len or ckpt.config.context_length, ckpt.config.context_length)
+        self.engine = LLMEngine(self.model, self.tokenizer, self.dtype, max_len)
+        self.load_s = time.perf_counter() - start
+
+    # --- prompts -> token ids -------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Text is tokenized as llama.cpp's server does (BOS per the model, special tokens parsed);
+        a list of ints is taken as token ids."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise PromptError("the prompt is empty: give at least one character of text")
+            return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        if not all(isinstance(t, int) for t in prompt):
+            raise PromptError("a prompt is a string or a list of token ids (ints)")
+        return list(prompt)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special=False, parse_special=True)
+
+    # --- generation -----------------------------------------------------------------------
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Complete one prompt or many; returns one finished RequestOutput per prompt, in order."""
+        params = params or SamplingParams()
+        seqs = [self.engine.add_request(self.encode(p), params) for p in _as_list(prompts)]
+        finals: dict[int, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return [finals[s.request_id] for s in seqs]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield one RequestOutput per generated token; `.delta` is the new text."""
+        yield from self._stream_ids(self.encode(prompt), params or SamplingParams())
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
+        *_, last = self.chat_stream(messages, params)
+        return last
+
+    def chat_stream(
+        self, messages: list[dict], params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        yield from self._stream_ids(self.chat_prompt(messages), params or SamplingParams())
+
+    def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[RequestOutput]:
+        seq = self.engine.add_request(ids, params)
+        try:
+            while not seq.is_finished:
+                for out in self.engine.step():
+                    if out.request_id == seq.request_id:
+                        yield out
+        finally:  # the consumer stopped early (break, disconnect): free the request
+            if not seq.is_finished:
+                self.engine.abort(seq.request_id)
+
+    # --- scoring --------------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits(self, token_ids: list[int]) -> Tensor:
+        """Per-position logits (T, vocab) of one forward pass; row i predicts token i + 1."""
+        self.engine.check_prompt(token_ids[:-1] or token_ids)
+        return self.model(torch.tensor([token_ids]))[0]
+
+
+def _as_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return list(prompts)

@@ -1,0 +1,71 @@
+"""The model code against Hugging Face transformers (fp32 on the same dequantized GGUF weights).
+
+References: tests/data/public_*.json (see tests/data/REFERENCE.md for how they were produced).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pellucid.engine.sampling_params import SamplingParams
+
+
+def test_logits_match_hf(any_llm, reference):
+    """Top-20 logits and the full-vocabulary logsumexp within 1e-3 at every recorded position."""
+    for prompt in reference["prompts"]:
+        logits = any_llm.logits(prompt["token_ids"])
+        for pos in prompt["logits"]["positions"]:
+            hf, row = pos["hf"], logits[pos["position"]]
+            ours = row[hf["top_ids"]]
+            assert torch.allclose(ours, torch.tensor(hf["top_logits"]), atol=1e-3, rtol=0), (
+                prompt["name"], pos["position"])
+            assert abs(row.double().logsumexp(0).item() - hf["logsumexp"]) < 1e-3
+            assert row.argmax().item() == hf["top_ids"][0]
+
+
+def test_mean_nll_matches_hf(any_llm, reference):
+    """Mean NLL over ~2,000 tokens within 0.5% of HF's (Gemma's sliding window is exercised)."""
+    ref = reference["perplexity"]
+    ids = ref["token_ids"]
+    logits = any_llm.logits(ids)[:-1]  # (T-1, vocab): row i predicts ids[i + 1]
+    targets = torch.tensor(ids[1:])
+    total = 0.0
+    for start in range(0, len(targets), 256):  # float64 like the reference, in slices (memory)
+        rows = logits[start : start + 256].double().log_softmax(-1)
+        total -= rows.gather(1, targets[start : start + 256, None]).sum().item()
+    nll = total / len(targets)
+    assert abs(nll - ref["hf_mean_nll"]) / ref["hf_mean_nll"] < 0.005
+    assert math.isclose(nll, ref["hf_mean_nll"], abs_tol=1e-3)  # in practice far tighter
+
+
+def test_greedy_matches_hf_until_a_near_tie(any_llm, reference):
+    """48 greedy tokens with the KV cache equal HF's, up to the first step whose top-2 logit gap
+    is within numerical noise (after which both are right)."""
+    for prompt in reference["prompts"]:
+        greedy = prompt["greedy"]
+        out = any_llm.generate(
+            prompt["token_ids"], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+        )[0]
+        n = next((i for i, gap in enumerate(greedy["hf_top1_minus_top2"]) if gap < 1e-4), 48)
+        assert out.token_ids[:n] == greedy["hf"][:n], prompt["name"]
+
+
+def test_kv_cache_decoding_equals_full_recompute(any_llm, reference):
+    """Each cached decode step picks the argmax of a full forward pass over the whole sequence."""
+    prompt = reference["prompts"][0]["token_ids"]
+    out = any_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    seq = list(prompt)
+    for token in out.token_ids:
+        assert any_llm.logits(seq)[-1].argmax().item() == token
+        seq.append(token)
+
+
+def test_gemma_sliding_window_cache(gemma3, reference_gemma3):
+    """Decoding past Gemma's 512-token window with the cache equals recomputing without it."""
+    ids = reference_gemma3["perplexity"]["token_ids"][:520]
+    out = gemma3.generate(ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    full = gemma3.logits(ids + out.token_ids[:-1])
+    expected = full[len(ids) - 1 :].argmax(-1).tolist()
+    assert out.token_ids == expected

@@ -1,0 +1,88 @@
+"""Checkpoint loading: Hugging Face folders against transformers itself, and bad files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pellucid.errors import ModelLoadError
+from pellucid.models.config import config_from_gguf
+from pellucid.weights.gguf_file import GGUFFile
+from pellucid.weights.loader import build_from_state, read_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_hf_model(tmp_path, kind: str):
+    """A randomly initialized transformers model saved as an HF folder (config + safetensors)."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.Gemma3TextConfig(**common, head_dim=32, sliding_window=8,
+                                            query_pre_attn_scalar=32)
+        model = transformers.Gemma3ForCausalLM(cfg)
+    with torch.no_grad():  # Gemma's norms start at zero: give them values so they matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.3)
+    model.eval().save_pretrained(tmp_path / kind)
+    return model, tmp_path / kind
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_hf_folder_logits_equal_transformers(tmp_path, kind):
+    hf, folder = tiny_hf_model(tmp_path, kind)
+    ckpt = read_checkpoint(folder)
+    ours = build_from_state(ckpt.config, ckpt.state, torch.float32, str(folder))
+    ids = torch.randint(0, 300, (1, 24))  # longer than Gemma's window of 8
+    with torch.no_grad():
+        expected = hf(ids).logits
+    assert torch.allclose(ours(ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_text("this is not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        GGUFFile(bad)
+
+
+def test_truncated_gguf(tmp_path, smollm2_path):
+    cut = tmp_path / "cut.gguf"
+    with open(smollm2_path, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(50_000_000))  # about half of the file
+    with pytest.raises(ModelLoadError, match="truncated or corrupt") as err:
+        read_checkpoint(cut)
+    assert str(cut) in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file"):
+        read_checkpoint(tmp_path / "nothing.gguf")
+
+
+def test_unknown_architecture():
+    with pytest.raises(ModelLoadError, match="architecture 'mamba' is not supported"):
+        config_from_gguf({"general.architecture": "mamba"}, "x.gguf")
+
+
+def test_hf_folder_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelLoadError):
+        read_checkpoint(tmp_path)
+
+
+def test_hf_folder_with_corrupt_safetensors(tmp_path):
+    _, folder = tiny_hf_model(tmp_path, "llama")
+    f = next(folder.glob("*.safetensors"))
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        read_checkpoint(folder)
+    shutil.rmtree(folder)
