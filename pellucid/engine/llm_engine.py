@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from pellucid.engine.model_runner import ModelRunner
-from pellucid.engine.outputs import RequestOutput
+from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
-from pellucid.engine.sequence import Sequence
+from pellucid.engine.sequence import Sequence, Status
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
@@ -67,3 +67,12 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.running)
+
+    def stats(self) -> EngineStats:
+        caches = [s.kv for s in self.running if s.kv is not None]
+        return EngineStats(
+            running=sum(s.status is Status.RUNNING for s in self.running),
+            waiting=sum(s.status is Status.WAITING for s in self.running),
+            kv_used_tokens=sum(c.length for c in caches),
+            kv_capacity_tokens=sum(c.max_len for c in caches),
+        )

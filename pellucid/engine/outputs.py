@@ -48,3 +48,19 @@ class RequestOutput:
     finish_reason: str | None  # "stop" (EOS, stop token or string) | "length" | "abort"
     timings: Timings
     logprobs: list[TokenLogprob] | None = field(default=None)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for monitoring (the server's /metrics): queues and KV cache use."""
+
+    running: int  # sequences decoding
+    waiting: int  # sequences not yet pre-filled
+    kv_used_tokens: int  # token slots of the KV cache holding keys/values now
+    kv_capacity_tokens: int  # token slots that exist (allocated or in the pool)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, found already cached
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / self.kv_capacity_tokens if self.kv_capacity_tokens else 0.0
