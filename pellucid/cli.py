@@ -156,10 +156,12 @@ def run_tokenize(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("#", "id", "piece", title=f"{len(ids)} tokens")
     for n, (i, piece) in enumerate(zip(ids, pieces)):
-        table.add_row(str(n), str(i), repr(piece))
+        shown = piece.replace("\n", "\\n").replace("\t", "\\t")  # whitespace made visible
+        table.add_row(str(n), str(i), Text(f"'{shown}'"))  # Text: no markup parsing of pieces
     Console().print(table)
     return 0
 
