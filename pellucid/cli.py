@@ -14,6 +14,7 @@ import sys
 
 from pellucid import catalog
 from pellucid.errors import PellucidError
+from pellucid.train.cli import add_training_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the models available locally")
     models.set_defaults(run=run_models)
+    add_training_commands(commands)  # data prepare, train, export
     return parser
 
 

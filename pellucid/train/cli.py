@@ -1,0 +1,119 @@
+"""The training commands of `pellucid`: data prepare, train, export.
+
+pellucid data prepare shakespeare --tokenizer char --out data/shakespeare_char
+pellucid train --data data/shakespeare_char --out runs/baby          # nanoGPT's baby GPT size
+pellucid train --out runs/baby --resume                               # continue where it stopped
+torchrun --nproc-per-node 2 -m pellucid train --data ... --out ...   # data parallel (gloo)
+pellucid export runs/baby --out models/baby && pellucid generate "ROMEO:" --model models/baby
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, get_args
+
+
+def add_training_commands(commands: Any) -> None:
+    """Add `data`, `train` and `export` to the `pellucid` sub-command parser."""
+    data = commands.add_parser("data", help="prepare token shards for training")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    prep = data_commands.add_parser(
+        "prepare",
+        help="text files, folders, JSONL or a named corpus -> train.bin / val.bin + tokenizer.json",
+    )
+    prep.add_argument("sources", nargs="+", help="shakespeare, shakespeare-plays, a file or folder")
+    prep.add_argument(
+        "--tokenizer",
+        default="char",
+        help="char, byte, or a folder/tokenizer.json from `pellucid tokenizer train`",
+    )
+    prep.add_argument("--out", required=True, type=Path)
+    prep.add_argument("--val-fraction", type=float, default=0.1)
+    prep.set_defaults(run=run_prepare)
+
+    train = commands.add_parser("train", help="train a model from scratch on prepared data")
+    add_config_args(train)
+    train.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
+    train.add_argument("--no-export", action="store_true", help="skip writing OUT/model")
+    train.set_defaults(run=run_train)
+
+    export = commands.add_parser("export", help="training run -> Hugging Face model folder")
+    export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
+    export.add_argument("--out", required=True, type=Path)
+    export.set_defaults(run=run_export)
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """One --flag per TrainConfig field, with the field's default and type."""
+    from pellucid.train.config import TrainConfig
+
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _scalar_type(f.type)
+        if f.default is MISSING:  # data and out: required unless resuming
+            p.add_argument(flag, type=kind)
+        else:
+            p.add_argument(flag, type=kind, default=f.default, help=f"default {f.default}")
+
+
+def _scalar_type(annotation: Any) -> type:
+    text = str(annotation)
+    for kind in (int, float, str):
+        if text.startswith(kind.__name__) or kind in get_args(annotation):
+            return kind
+    return str
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from pellucid.train.data import prepare
+
+    meta = prepare(args.sources, args.tokenizer, args.out, args.val_fraction)
+    print(
+        f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
+        f"({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']}, {meta['dtype']})"
+    )
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from pellucid.train import ddp
+    from pellucid.train.config import TrainConfig
+    from pellucid.train.export import export_hf
+    from pellucid.train.trainer import Trainer
+
+    if args.out is None:
+        raise ValueError("--out is required: the folder for checkpoints and the trained model")
+    if args.resume:
+        from pellucid.train.checkpoint import load_checkpoint
+
+        cfg = TrainConfig.from_dict(load_checkpoint(Path(args.out))["config"])
+    else:
+        if args.data is None:
+            raise ValueError("--data is required: a folder from `pellucid data prepare`")
+        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    trainer = Trainer(cfg, resume=args.resume)
+    try:
+        result = trainer.run()
+    finally:
+        ddp.shutdown(trainer.dist)
+    if trainer.dist.is_main:
+        print(
+            f"trained {result.step} steps; final val loss {result.val.get(result.step, float('nan')):.4f};"
+            f" {result.tokens_per_s:,.0f} tokens/s",
+            file=sys.stderr,
+        )
+        if not args.no_export:
+            folder = export_hf(trainer.model, Path(cfg.data), Path(cfg.out) / "model")
+            print(f'model: {folder}  (pellucid generate "..." --model {folder})', file=sys.stderr)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from pellucid.train.export import export_checkpoint
+
+    folder = export_checkpoint(args.run_dir, args.out)
+    print(f"{folder}: config.json, model.safetensors, tokenizer.json")
+    return 0

