@@ -22,7 +22,25 @@ from pellucid.train.data import TokenData, prepare
 from pellucid.train.schedule import lr_at
 from pellucid.train.trainer import Trainer, TrainingDiverged
 
-WORDS = ["the", "king", "and", "queen", "of", "france", "speak", "to", "a", "fool", "who", "sings", "of", "love", "war", "and", "wine"]
+WORDS = [
+    "the",
+    "king",
+    "and",
+    "queen",
+    "of",
+    "france",
+    "speak",
+    "to",
+    "a",
+    "fool",
+    "who",
+    "sings",
+    "of",
+    "love",
+    "war",
+    "and",
+    "wine",
+]
 
 
 def tiny_text(n_words: int = 6000, seed: int = 0) -> str:
@@ -274,3 +292,18 @@ def test_cli_prepare_train_generate(tmp_path: Path, capsys):
         == 0
     )
     assert len(capsys.readouterr().out) > 1  # five generated characters and a newline
+
+
+def test_progress_reports_losses_samples_and_a_loss_curve(corpus: Path, tmp_path: Path, capsys):
+    cfg = tiny_config(
+        corpus, tmp_path, max_iters=10, log_interval=5, sample_tokens=8, sample_prompt="The"
+    )
+    trainer = Trainer(cfg)
+    trainer.run()
+    err = capsys.readouterr().err
+    assert "step 10: train loss" in err and "val perplexity" in err
+    assert "tok/s" in err and "MFU" in err
+    assert "sample: 'The" in err
+    assert trainer.sample(5, "The king").startswith("The king")
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"

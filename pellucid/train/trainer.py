@@ -185,25 +185,19 @@ class Trainer:
         return total / len(windows)
 
     def sample(self, max_tokens: int, prompt: str | None = None) -> str:
-        """Generate through the inference engine (KV cache, sampler) from the live weights."""
-        from pellucid.engine.llm_engine import LLMEngine
-        from pellucid.engine.sampling_params import SamplingParams
-        from pellucid.tokenizer import Tokenizer
+        """Export the live weights to OUT/model and generate from it with `LLM`: the same path
+        (tokenizer, pre-fill, KV cache, sampler) that serves the model after training."""
+        from pellucid import LLM, SamplingParams
+        from pellucid.train.export import export_hf
 
-        tok = Tokenizer.from_hf_folder(Path(self.cfg.data))
-        engine = LLMEngine(self.model.eval(), tok, torch.float32, self.cfg.block_size)
-        ids = tok.encode(prompt if prompt is not None else self.cfg.sample_prompt) or [0]
+        folder = export_hf(self.model, Path(self.cfg.data), self.out / "model")
+        llm = LLM(folder)
+        ids = llm.encode(prompt if prompt is not None else self.cfg.sample_prompt)
+        limit = self.cfg.block_size - len(ids)
         params = SamplingParams(
-            max_tokens=min(max_tokens, self.cfg.block_size - len(ids)),
-            temperature=0.8,
-            top_k=200,
-            seed=self.cfg.seed,
+            max_tokens=min(max_tokens, limit), temperature=0.8, top_k=200, seed=self.cfg.seed
         )
-        seq = engine.add_request(ids, params)
-        while engine.has_unfinished():
-            engine.step()
-        self.model.train()
-        return tok.decode(ids + seq.output_ids)
+        return llm.tokenizer.decode(ids) + llm.generate(ids, params)[0].text
 
     def _evaluate(self, progress: TrainProgress) -> None:
         val = self.estimate_loss("val")
