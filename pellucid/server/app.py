@@ -1,0 +1,113 @@
+"""The OpenAI-compatible HTTP server: `create_app(llm)` returns a FastAPI app; uvicorn serves it.
+
+    app = create_app(LLM("smollm2-135m"), api_key="secret", model_name="smollm2-135m")
+    uvicorn.run(app, host="127.0.0.1", port=8000)     # or: pellucid serve
+
+Routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pellucid.llm import LLM
+from pellucid.server import completions
+from pellucid.server.errors import APIError, error_body, install_error_handlers
+from pellucid.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from pellucid.server.state import ServerState
+
+# Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 429, 503)}
+
+
+def create_app(
+    llm: LLM, *, api_key: str | None = None, model_name: str | None = None, max_queue: int = 256
+) -> FastAPI:
+    state = ServerState(llm, model_name or llm.path.name, api_key or None, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.engine.start()
+        try:
+            yield
+        finally:  # uvicorn is stopping: stop the engine thread with it
+            state.engine.stop()
+
+    app = FastAPI(title="pellucid", summary="OpenAI-compatible API of pellucid", lifespan=lifespan)
+    app.state.pellucid = state
+    install_error_handlers(app)
+    app.include_router(_v1_router(state))
+    _add_monitoring_routes(app, state)
+    return app
+
+
+def _v1_router(state: ServerState) -> APIRouter:
+    async def check_key(
+        creds: Credentials,
+    ) -> None:
+        given = creds.credentials if creds is not None else ""
+        if not secrets.compare_digest(given.encode(), (state.api_key or "").encode()):
+            raise APIError(
+                401,
+                "Incorrect API key provided: pass it as 'Authorization: Bearer "
+                "KEY' (the key the server was started with)",
+                code="invalid_api_key",
+            )
+
+    router = APIRouter(
+        prefix="/v1", responses=ERRORS, dependencies=[Depends(check_key)] if state.api_key else []
+    )
+
+    @router.get("/models")
+    async def list_models() -> ModelList:
+        return ModelList(data=[_card(state)])
+
+    @router.get("/models/{model}")
+    async def get_model(model: str) -> ModelCard:
+        state.check_model(model)
+        return _card(state)
+
+    @router.post("/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        state.check_model(body.model)
+        return await completions.chat(state, body, request)
+
+    @router.post("/completions", response_model=None)
+    async def text_completions(body: CompletionRequest, request: Request) -> Response:
+        state.check_model(body.model)
+        return await completions.text(state, body, request)
+
+    return router
+
+
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(
+        id=state.model_name, created=state.created, max_model_len=state.llm.engine.max_model_len
+    )
+
+
+def _add_monitoring_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> JSONResponse:
+        if not state.engine.is_running:
+            return JSONResponse(error_body("the engine thread is not running", "server_error"), 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,236 @@
+"""AsyncEngine: the LLMEngine in one background thread, fed by the server's asyncio handlers.
+
+`step()` is synchronous, CPU-heavy and not safe to call while another thread adds or aborts, so
+one thread owns the engine: handlers put adds and aborts on a thread-safe queue, the thread applies
+them between steps and hands every RequestOutput back to the handler's asyncio queue with
+`loop.call_soon_threadsafe`. A handle that is left before its sequences finish aborts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Self
+
+from pellucid.engine.llm_engine import LLMEngine
+from pellucid.engine.outputs import EngineStats, RequestOutput
+from pellucid.engine.sampling_params import SamplingParams
+from pellucid.server.metrics import ServerMetrics
+
+log = logging.getLogger("pellucid.server")
+
+
+class QueueFullError(Exception):
+    """More sequences than `max_queue` would be in flight: the client should retry later."""
+
+
+class EngineDeadError(Exception):
+    """The engine thread is not running (stopped, or crashed): nothing can be served."""
+
+
+@dataclass(slots=True)
+class _Add:
+    handle: RequestHandle
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(slots=True)
+class _Abort:
+    handle: RequestHandle
+
+
+class RequestHandle:
+    """The sequences of one HTTP request (n choices, or several prompts), read as one stream.
+
+    `async with handle:` then `async for index, output in handle:`. Each output carries only the
+    logprobs of its new tokens. Leaving the block early (a client disconnect cancels the handler)
+    aborts whatever has not finished, which frees its KV blocks.
+    """
+
+    def __init__(self, engine: AsyncEngine, n: int, loop: asyncio.AbstractEventLoop):
+        self.engine, self.loop = engine, loop
+        self.queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+        self.unfinished = set(range(n))  # touched by the event loop only
+        self.arrival = time.perf_counter()
+        self._last_token_at: dict[int, float] = {}
+        self._tokens: dict[int, int] = {}
+        # Touched by the engine thread only:
+        self.request_ids: dict[int, int] = {}  # choice index -> engine request id
+        self.sent_logprobs: dict[int, int] = {}
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.abort()
+
+    def abort(self) -> None:
+        """Abort the sequences that have not finished (safe to call twice, or when all are done)."""
+        if self.unfinished:
+            self.unfinished.clear()
+            self.engine.put(_Abort(self))
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        while self.unfinished:
+            index, item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            self._observe(index, item)
+            if item.finished:
+                self.unfinished.discard(index)
+            yield index, item
+
+    def _observe(self, index: int, out: RequestOutput) -> None:
+        """Time to first token, inter-token latency and finished-request counters."""
+        now, metrics = time.perf_counter(), self.engine.metrics
+        new = len(out.token_ids) - self._tokens.get(index, 0)
+        self._tokens[index] = len(out.token_ids)
+        if new > 0 and index not in self._last_token_at:
+            metrics.first_token(now - self.arrival)
+        elif new > 0:
+            metrics.inter_token((now - self._last_token_at[index]) / new, new)
+        if new > 0:
+            self._last_token_at[index] = now
+        if out.finished:
+            metrics.finished(out, now - self.arrival)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_queue: int = 256):
+        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+        self.stats: EngineStats = engine.stats()  # a snapshot the thread refreshes every turn
+        # Held while the thread touches the engine: `with lock:` lets a test or tool borrow the
+        # engine (e.g. LLM.generate) between server requests without racing the thread.
+        self.lock = threading.Lock()
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._owners: dict[int, tuple[RequestHandle, int]] = {}  # engine request id -> handle
+        self._handles: set[RequestHandle] = set()  # event loop only: for the in-flight count
+        self._thread: threading.Thread | None = None
+
+    # --- event loop side ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="pellucid-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(None)
+            self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def in_flight(self) -> int:
+        self._handles = {h for h in self._handles if h.unfinished}
+        return sum(len(h.unfinished) for h in self._handles)
+
+    def submit(self, requests: list[tuple[list[int], SamplingParams]]) -> RequestHandle:
+        """Queue the sequences of one request; raises QueueFullError or EngineDeadError."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running (the server is stopping or crashed)")
+        if self.in_flight + len(requests) > self.max_queue:
+            raise QueueFullError(
+                f"the server already holds {self.in_flight} sequences and takes at most "
+                f"{self.max_queue}: retry in a moment"
+            )
+        handle = RequestHandle(self, len(requests), asyncio.get_running_loop())
+        self._handles.add(handle)
+        for index, (ids, params) in enumerate(requests):
+            self.put(_Add(handle, index, ids, params))
+        return handle
+
+    def put(self, command: _Add | _Abort) -> None:
+        self._commands.put(command)
+
+    # --- engine thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        busy = False
+        while True:
+            commands = self._take_commands(block=not busy)
+            with self.lock:
+                for command in commands or []:
+                    self._apply(command)
+                if commands is None:  # stop: fail whatever is still in flight
+                    self._fail_all(EngineDeadError("the server is shutting down"))
+                    self.stats = self.engine.stats()
+                    return
+                if self.engine.has_unfinished():
+                    self._step()
+                busy = self.engine.has_unfinished()
+                self.stats = self.engine.stats()
+
+    def _take_commands(self, block: bool) -> list[_Add | _Abort] | None:
+        """Everything queued now (waiting for one first when idle); None when asked to stop."""
+        commands = []
+        try:
+            item = self._commands.get() if block else self._commands.get_nowait()
+            while True:
+                if item is None:
+                    return None
+                commands.append(item)
+                item = self._commands.get_nowait()
+        except queue.Empty:
+            return commands
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        handle = command.handle
+        if isinstance(command, _Abort):
+            for request_id in handle.request_ids.values():
+                if self._owners.pop(request_id, None) is not None:
+                    self.engine.abort(request_id)
+            return
+        try:
+            seq = self.engine.add_request(command.prompt_ids, command.params)
+        except Exception as e:  # noqa: BLE001 - the handler validated; tell it what still failed
+            self._deliver(handle, command.index, e)
+            return
+        handle.request_ids[command.index] = seq.request_id
+        handle.sent_logprobs[command.index] = 0
+        self._owners[seq.request_id] = (handle, command.index)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # keep serving: fail the requests in this batch
+            log.exception("engine step failed")
+            self._fail_all(e)
+            return
+        for out in outputs:
+            owner = self._owners.get(out.request_id)
+            if owner is None:  # aborted meanwhile
+                continue
+            handle, index = owner
+            if out.finished:
+                del self._owners[out.request_id]
+            if out.logprobs is not None:
+                # The engine's list grows in place; hand over only the new entries, copied.
+                start = handle.sent_logprobs[index]
+                handle.sent_logprobs[index] = len(out.logprobs)
+                out = replace(out, logprobs=list(out.logprobs[start:]))
+            self._deliver(handle, index, out)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, (handle, index) in list(self._owners.items()):
+            try:
+                self.engine.abort(request_id)
+            except Exception:  # the engine may be broken; the request fails anyway
+                log.exception("abort failed")
+            self._deliver(handle, index, error)
+        self._owners.clear()
+
+    @staticmethod
+    def _deliver(handle: RequestHandle, index: int, item: RequestOutput | BaseException) -> None:
+        try:
+            handle.loop.call_soon_threadsafe(handle.queue.put_nowait, (index, item))
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass

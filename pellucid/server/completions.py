@@ -1,0 +1,269 @@
+"""The two generating endpoints: chat completions and (legacy) text completions, streamed as
+server-sent events in OpenAI's chunk format or answered as one JSON object.
+
+A client that goes away aborts its sequences: streams through `HandleStream`, which aborts when
+the response ends however it ends, and whole answers through a watcher of `http.disconnect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from pellucid.engine.outputs import RequestOutput
+from pellucid.server import params as P
+from pellucid.server import responses as R
+from pellucid.server.async_engine import EngineDeadError, RequestHandle
+from pellucid.server.errors import APIError, error_body
+from pellucid.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessageOut,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Delta,
+)
+from pellucid.server.state import ServerState
+
+
+class HandleStream(StreamingResponse):
+    """An SSE response that aborts its request's unfinished sequences when it ends: finished,
+    failed, or cancelled by Starlette because the client disconnected."""
+
+    def __init__(self, events: AsyncIterator[str], handle: RequestHandle):
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.handle.abort()
+
+
+# --- chat ----------------------------------------------------------------------------------
+async def chat(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
+    prompt = P.chat_prompt(state.llm, body)
+    sampling = P.sampling_params(
+        state.llm, body, prompt, P.chat_max_tokens(body), P.chat_logprobs(body)
+    )
+    handle = state.submit([prompt], [sampling])
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        return HandleStream(
+            _chat_events(state, body, handle, rid, created, len(prompt.ids)), handle
+        )
+    finals = await _gather(handle, request)
+    if finals is None:
+        return Response(status_code=499)  # the client closed the request: nobody reads this
+    tok = state.llm.tokenizer
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatMessageOut(content=out.text),
+            finish_reason=out.finish_reason,
+            logprobs=R.chat_logprobs(tok, out.logprobs) if out.logprobs is not None else None,
+        )
+        for i, out in sorted(finals.items())
+    ]
+    used = sum(len(o.token_ids) for o in finals.values())
+    return JSONResponse(
+        ChatCompletionResponse(
+            id=rid,
+            created=created,
+            model=state.model_name,
+            choices=choices,
+            usage=R.usage(len(prompt.ids), used),
+            pellucid=R.timings(list(finals.values())),
+        ).model_dump()
+    )
+
+
+async def _chat_events(
+    state: ServerState,
+    body: ChatCompletionRequest,
+    handle: RequestHandle,
+    rid: str,
+    created: int,
+    prompt_tokens: int,
+) -> AsyncIterator[str]:
+    tok = state.llm.tokenizer
+
+    def chunk(index: int, delta: Delta, **fields: object) -> str:
+        choice = ChatChunkChoice(index=index, delta=delta, **fields)
+        return R.sse(
+            ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[choice])
+        )
+
+    for i in range(body.n):
+        yield chunk(i, Delta(role="assistant", content=""))
+    used = 0
+    try:
+        async for index, out in handle:
+            logprobs = R.chat_logprobs(tok, out.logprobs) if out.logprobs else None
+            if out.delta or logprobs:
+                yield chunk(index, Delta(content=out.delta), logprobs=logprobs)
+            if out.finished:
+                used += len(out.token_ids)
+                yield chunk(index, Delta(), finish_reason=out.finish_reason)
+    except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
+        yield R.sse(error_body(f"generation failed: {e}", "server_error"))
+    else:
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield R.sse(
+                ChatCompletionChunk(
+                    id=rid,
+                    created=created,
+                    model=state.model_name,
+                    choices=[],
+                    usage=R.usage(prompt_tokens, used),
+                )
+            )
+    yield R.SSE_DONE
+
+
+# --- text completions ----------------------------------------------------------------------
+async def text(state: ServerState, body: CompletionRequest, request: Request) -> Response:
+    P.check_best_of(body)
+    prompts = P.completion_prompts(state.llm, body)
+    sampling = [
+        P.sampling_params(state.llm, body, p, body.max_tokens, body.logprobs) for p in prompts
+    ]
+    handle = state.submit(prompts, sampling)
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    choice_prompts = [p for p in prompts for _ in range(body.n)]  # choice index -> its prompt
+    if body.stream:
+        return HandleStream(_text_events(state, body, handle, rid, created, choice_prompts), handle)
+    finals = await _gather(handle, request)
+    if finals is None:
+        return Response(status_code=499)
+    choices = []
+    for i, out in sorted(finals.items()):
+        prompt = choice_prompts[i]
+        head = prompt.text if body.echo else ""
+        logprobs = None
+        if out.logprobs is not None:
+            echo_ids = prompt.ids if body.echo else None
+            logprobs = R.completion_logprobs(state.llm.tokenizer, out.logprobs, 0, echo_ids)
+        choices.append(
+            CompletionChoice(
+                index=i, text=head + out.text, logprobs=logprobs, finish_reason=out.finish_reason
+            )
+        )
+    used = sum(len(o.token_ids) for o in finals.values())
+    return JSONResponse(
+        CompletionResponse(
+            id=rid,
+            created=created,
+            model=state.model_name,
+            choices=choices,
+            usage=R.usage(sum(len(p.ids) for p in prompts), used),
+            pellucid=R.timings(list(finals.values())),
+        ).model_dump()
+    )
+
+
+async def _text_events(
+    state: ServerState,
+    body: CompletionRequest,
+    handle: RequestHandle,
+    rid: str,
+    created: int,
+    choice_prompts: list[P.Prompt],
+) -> AsyncIterator[str]:
+    tok = state.llm.tokenizer
+    offsets = [0] * len(choice_prompts)  # characters sent so far per choice, for text_offset
+
+    def chunk(index: int, text: str, logprobs: object = None, reason: str | None = None) -> str:
+        choice = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=reason)
+        return R.sse(
+            CompletionResponse(id=rid, created=created, model=state.model_name, choices=[choice])
+        )
+
+    if body.echo:
+        for i, prompt in enumerate(choice_prompts):
+            lp = None
+            if body.logprobs is not None:
+                lp = R.completion_logprobs(tok, [], 0, prompt.ids)
+            offsets[i] = len(prompt.text)
+            yield chunk(i, prompt.text, lp)
+    used = 0
+    try:
+        async for index, out in handle:
+            lp = None
+            if out.logprobs:
+                lp = R.completion_logprobs(tok, out.logprobs, offsets[index])
+            offsets[index] += len(out.delta)
+            if out.finished:
+                used += len(out.token_ids)
+            if out.delta or lp or out.finished:
+                yield chunk(index, out.delta, lp, R.finish_reason(out))
+    except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
+        yield R.sse(error_body(f"generation failed: {e}", "server_error"))
+    else:
+        if body.stream_options is not None and body.stream_options.include_usage:
+            prompt_tokens = sum(len(p.ids) for p in choice_prompts[:: body.n])
+            yield R.sse(
+                CompletionResponse(
+                    id=rid,
+                    created=created,
+                    model=state.model_name,
+                    choices=[],
+                    usage=R.usage(prompt_tokens, used),
+                )
+            )
+    yield R.SSE_DONE
+
+
+# --- whole answers -------------------------------------------------------------------------
+async def _gather(handle: RequestHandle, request: Request) -> dict[int, RequestOutput] | None:
+    """Each choice's final output with all its logprobs; None if the client went away first."""
+    collect = asyncio.create_task(_collect(handle))
+    gone = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        collect.cancel()
+        handle.abort()
+    if collect not in done:
+        return None
+    try:
+        return collect.result()
+    except EngineDeadError as e:
+        raise APIError(503, str(e), kind="server_error", code="engine_unavailable") from e
+    except ValueError as e:  # the engine refused what the checks let through (PromptError too)
+        raise APIError(400, str(e)) from e
+
+
+async def _collect(handle: RequestHandle) -> dict[int, RequestOutput]:
+    finals: dict[int, RequestOutput] = {}
+    logprobs: dict[int, list] = {}
+    async with handle:
+        async for index, out in handle:
+            if out.logprobs is not None:
+                logprobs.setdefault(index, []).extend(out.logprobs)
+            if out.finished:
+                finals[index] = out
+    for index, out in finals.items():
+        if out.logprobs is not None:
+            out.logprobs = logprobs.get(index, [])
+    return finals
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body is read: only that can come)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        await asyncio.sleep(0.1)  # not expected; avoid spinning if a server sends more
