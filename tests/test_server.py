@@ -1,0 +1,394 @@
+"""The OpenAI-compatible server, driven by the official `openai` client on 127.0.0.1.
+
+One uvicorn server (SmolLM2, an API key) runs in a background thread for the whole module; the
+fuzzing test starts its own on a 32-token context so every generation stays short. Greedy answers
+are compared with the same request run alone through `LLM` (holding the engine thread's lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import schemathesis
+import uvicorn
+from fastapi import FastAPI
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+
+from pellucid import LLM, SamplingParams
+from pellucid.server import create_app
+
+KEY = "test-key"
+MODEL = "smollm2-135m"
+HELLO = [{"role": "user", "content": "Say hello to Paris."}]
+
+
+@dataclass
+class Running:
+    url: str
+    app: FastAPI
+
+    @property
+    def state(self):
+        return self.app.state.pellucid
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[Running]:
+    """Serve `app` with uvicorn on a free loopback port in a thread; stop it on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: LLM) -> Iterator[Running]:
+    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL, max_queue=64)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Running) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def alone(server: Running, llm: LLM, messages: list[dict], max_tokens: int) -> str:
+    """The greedy reply of `messages` run by itself, borrowing the engine from the server thread."""
+    with server.state.engine.lock:
+        return llm.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens)).text
+
+
+def metric(server: Running, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    match = re.search(rf"^pellucid:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def wait_until_idle(server: Running, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while metric(server, "num_requests_running") or metric(server, "kv_cache_used_tokens"):
+        assert time.monotonic() < deadline, "requests still running after the client left"
+        time.sleep(0.2)
+
+
+# --- models, keys, health ------------------------------------------------------------------
+def test_models_lists_the_loaded_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve("SmolLM2-135M-Instruct.Q4_1.gguf").id == MODEL
+
+
+def test_wrong_or_missing_key_is_401(server: Running) -> None:
+    wrong = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    response = httpx.get(server.url + "/v1/models")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="gpt-4o"):
+        client.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=2)
+
+
+def test_health_and_metrics_need_no_key(server: Running) -> None:
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    text = httpx.get(server.url + "/metrics").text
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_hit_rate",
+        "time_to_first_token_seconds_bucket",
+        "inter_token_latency_seconds_bucket",
+        "generation_tokens_total",
+    ):
+        assert f"pellucid:{name}" in text
+
+
+# --- chat ----------------------------------------------------------------------------------
+def test_chat_matches_the_engine_alone(
+    server: Running, client: openai.OpenAI, smollm2: LLM
+) -> None:
+    reply = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1.gguf", messages=HELLO, max_tokens=8, temperature=0
+    )
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == alone(server, smollm2, HELLO, 8)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 8
+    assert reply.usage.prompt_tokens == len(smollm2.chat_prompt(HELLO))
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + 8
+
+
+def test_chat_stream_with_usage(server: Running, client: openai.OpenAI, smollm2: LLM) -> None:
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == alone(server, smollm2, HELLO, 8)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 3
+    for entry in content:
+        assert len(entry.top_logprobs) == 2
+        # Greedy: the chosen token is the most likely one.
+        assert entry.token == entry.top_logprobs[0].token
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert bytes(entry.bytes).decode("utf-8", "backslashreplace") == entry.token
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+
+
+def test_stop_string_ends_the_reply_before_it(
+    server: Running, client: openai.OpenAI, smollm2: LLM
+) -> None:
+    full = alone(server, smollm2, HELLO, 12)
+    words = full.split()
+    stop = words[len(words) // 2]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, temperature=0, stop=[stop, "\n\n\n"]
+    )
+    assert reply.choices[0].message.content == full[: full.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_n_choices_with_a_seed_differ_and_repeat(client: openai.OpenAI) -> None:
+    def ask() -> list[str]:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=4, n=2, seed=7, temperature=1.5
+        )
+        assert [c.index for c in reply.choices] == [0, 1]
+        return [c.message.content for c in reply.choices]
+
+    first = ask()
+    assert first[0] != first[1]
+    assert ask() == first
+
+
+def test_concurrent_streams_each_equal_the_request_alone(
+    server: Running, client: openai.OpenAI, smollm2: LLM
+) -> None:
+    conversations = [[{"role": "user", "content": f"Count to {i}."}] for i in range(8)]
+    expected = [alone(server, smollm2, m, 6) for m in conversations]
+
+    def stream(messages: list[dict]) -> str:
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=6, temperature=0, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(stream, conversations)) == expected
+
+
+# --- completions ---------------------------------------------------------------------------
+def test_completion_echo_and_logprobs(client: openai.OpenAI, smollm2: LLM) -> None:
+    prompt = "The capital of France is"
+    reply = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2
+    )
+    choice = reply.choices[0]
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    n_prompt = len(smollm2.encode(prompt))
+    lp = choice.logprobs
+    assert len(lp.tokens) == n_prompt + 3
+    assert lp.token_logprobs[:n_prompt] == [None] * n_prompt
+    assert all(x <= 0 for x in lp.token_logprobs[n_prompt:])
+    assert all(len(top) <= 2 for top in lp.top_logprobs[n_prompt:])
+    assert reply.usage.prompt_tokens == n_prompt and reply.usage.completion_tokens == 3
+
+
+def test_completion_prompts_as_lists_and_token_ids(client: openai.OpenAI, smollm2: LLM) -> None:
+    text = "Once upon a time"
+    by_text = client.completions.create(
+        model=MODEL, prompt=[text, "Hello"], max_tokens=2, temperature=0
+    )
+    assert [c.index for c in by_text.choices] == [0, 1]
+    ids = [smollm2.encode(text), smollm2.encode("Hello")]
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, temperature=0)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    one = client.completions.create(model=MODEL, prompt=ids[0], max_tokens=2, temperature=0)
+    assert one.choices[0].text == by_text.choices[0].text
+
+
+def test_completion_stream(client: openai.OpenAI) -> None:
+    kwargs = {"model": MODEL, "prompt": "One, two, three,", "max_tokens": 4, "temperature": 0}
+    whole = client.completions.create(**kwargs).choices[0].text
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+# --- errors --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": -1},
+        {"top_p": 0},
+        {"n": 0},
+        {"max_tokens": 0},
+        {"top_logprobs": 3},
+        {"stop": ["a", "b", "c", "d", "e"]},
+        {"stop": [""]},
+        {"presence_penalty": 3},
+        {"extra_body": {"top_k": -5}},
+        {"messages": []},
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        {"extra_body": {"logit_bias": {"1": 5}}},
+        {"tools": [{"type": "function"}]},
+    ],
+)
+def test_bad_parameters_are_400(client: openai.OpenAI, bad: dict) -> None:
+    kwargs = {"model": MODEL, "messages": HELLO, "max_tokens": 2, **bad}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**kwargs)
+    assert e.value.body["message"]
+
+
+def test_context_overflow_is_400_and_says_the_limit(client: openai.OpenAI, smollm2: LLM) -> None:
+    limit = smollm2.engine.max_model_len
+    with pytest.raises(openai.BadRequestError, match=str(limit)) as e:
+        client.completions.create(model=MODEL, prompt=[1] * limit, max_tokens=1)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match=str(limit)):
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=limit)
+
+
+def test_bad_completion_prompts_are_400(client: openai.OpenAI) -> None:
+    for prompt in ("", [], [[]], [10**9]):
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt=prompt, max_tokens=1)
+
+
+def test_malformed_json_is_an_openai_shaped_400(server: Running) -> None:
+    response = httpx.post(
+        server.url + "/v1/chat/completions",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_full_queue_is_429(server: Running, client: openai.OpenAI) -> None:
+    engine = server.state.engine
+    engine.max_queue = 1
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 200, "stream": True}
+    try:
+        with httpx.stream(
+            "POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+        ) as held:
+            assert held.status_code == 200
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    finally:
+        engine.max_queue = 64
+    wait_until_idle(server)
+
+
+# --- disconnects ---------------------------------------------------------------------------
+def test_disconnect_mid_stream_frees_the_kv_cache(server: Running) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": 500,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as response:
+        # Keep the line iterator referenced: dropping it early closes the connection already.
+        lines = response.iter_lines()
+        contents = 0
+        while contents < 2:
+            line = next(lines)
+            if line.startswith("data: {"):
+                contents += bool(json.loads(line[6:])["choices"][0]["delta"].get("content"))
+        assert metric(server, "num_requests_running") == 1
+        assert metric(server, "kv_cache_used_tokens") > 0
+    wait_until_idle(server)  # closing the stream aborted the request
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_frees_the_kv_cache(server: Running) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=2)
+    wait_until_idle(server)
+
+
+# --- fuzzing -------------------------------------------------------------------------------
+def test_fuzzing_the_openapi_schema_finds_no_server_error() -> None:
+    """schemathesis generates valid and invalid requests from /openapi.json: none may get a 5xx.
+    A 48-token context keeps every generation short (a chat prompt alone takes ~35 tokens of it)
+    and two sequences at most; the engine thread stops with uvicorn."""
+    app = create_app(LLM(MODEL, max_model_len=48), model_name=MODEL, max_queue=2)
+    with serving(app) as running:
+        schema = schemathesis.openapi.from_url(running.url + "/openapi.json")
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @given(case=schema.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=50,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
+            def no_server_error(case: schemathesis.Case) -> None:
+                response = case.call(base_url=running.url, timeout=120)
+                assert response.status_code < 500, (
+                    f"{case.method} {case.path} -> {response.status_code} {response.text[:500]}\n"
+                    f"{case.as_curl_command()}"
+                )
+
+            no_server_error()
+    assert not app.state.pellucid.engine.is_running
