@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from pellucid import catalog
+from pellucid.config import EngineConfig
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
@@ -34,6 +35,7 @@ class LLM:
         *,
         dtype: str = "float32",
         max_model_len: int | None = None,
+        engine: EngineConfig | None = None,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -47,8 +49,10 @@ class LLM:
             self.tokenizer = Tokenizer.from_hf_folder(self.path)
         self.dtype = DTYPES[dtype]
         self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
-        max_len = min(max_model_len or ckpt.config.context_length, ckpt.config.context_length)
-        self.engine = LLMEngine(self.model, self.tokenizer, self.dtype, max_len)
+        config = engine or EngineConfig()
+        if max_model_len is not None:
+            config.max_model_len = max_model_len
+        self.engine = LLMEngine(self.model, self.tokenizer, self.dtype, config)
         self.load_s = time.perf_counter() - start
 
     # --- prompts -> token ids -------------------------------------------------------------

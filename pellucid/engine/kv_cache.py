@@ -1,33 +1,33 @@
 """The KV cache: every layer's keys and values for the tokens seen so far, so that a decode step
 computes K and V for its one new token only and reuses the rest.
 
-This is the simple contiguous form, one buffer per sequence sized for prompt + max new tokens.
+One pool is preallocated for all sequences and cut into fixed-size blocks; the BlockManager
+decides which blocks each sequence owns.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from pellucid.models.config import ModelConfig
-from pellucid.models.context import ForwardContext
 
 
-class KVCache:
-    def __init__(self, cfg: ModelConfig, max_len: int, dtype: torch.dtype):
-        shape = (1, max_len, cfg.n_kv_heads, cfg.head_dim)  # (B, S, n_kv, hd)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
-        self.max_len = max_len
-        self.length = 0  # tokens cached so far
+class KVCachePool:
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype):
+        shape = (num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        self.k: list[Tensor] = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v: list[Tensor] = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
         self.bytes_per_token = cfg.kv_bytes_per_token(self.k[0].element_size())
 
-    def context(self, n_new: int, capture_attention: set[int] | None = None) -> ForwardContext:
-        """A ForwardContext that appends `n_new` tokens after what is cached."""
-        assert self.length + n_new <= self.max_len, "KV cache overflow"
-        ctx = ForwardContext(self.k, self.v, self.length, capture_attention or set())
-        self.length += n_new
-        return ctx
+    @staticmethod
+    def blocks_for_budget(
+        cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype
+    ) -> int:
+        per_block = cfg.kv_bytes_per_token(torch.empty(0, dtype=dtype).element_size()) * block_size
+        return max(1, budget_bytes // per_block)
 
     @property
-    def nbytes(self) -> int:
-        return self.length * self.bytes_per_token
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size

@@ -1,18 +1,25 @@
-"""LLMEngine: accepts requests and advances all of them one token per `step()`.
+"""LLMEngine: accepts requests and advances all of them together, one `step()` at a time.
 
-This is the foundation's engine: each running sequence has its own contiguous KV cache and
-steps one after another. The scheduler, paged cache and batched steps replace that loop later;
-`add_request` / `step` / `abort` stay as they are.
+    batch = scheduler.schedule()      # who runs: pre-fill chunks and decode rows, KV blocks
+    tokens = model_runner.run(batch)  # one forward pass for all of them, then sampling
+    scheduler.postprocess(batch)      # computed tokens, prefix-cache sharing
+    ...append tokens, stop checks     # text deltas, finished sequences free their blocks
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
+from pellucid.config import EngineConfig
+from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.model_runner import ModelRunner
 from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
-from pellucid.engine.sequence import Sequence, Status
+from pellucid.engine.scheduler import Batch, Scheduler
+from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
@@ -20,20 +27,34 @@ from pellucid.tokenizer import Tokenizer
 
 class LLMEngine:
     def __init__(
-        self, model: LlamaModel, tokenizer: Tokenizer, dtype: torch.dtype, max_model_len: int
+        self, model: LlamaModel, tokenizer: Tokenizer, dtype: torch.dtype, config: EngineConfig
     ):
         self.model = model
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.model_runner = ModelRunner(model, dtype, max_model_len)
-        self.running: list[Sequence] = []
+        self.config = config
+        cfg = model.cfg
+        num_blocks = KVCachePool.blocks_for_budget(
+            cfg, config.kv_cache_bytes, config.block_size, dtype
+        )
+        self.pool = KVCachePool(cfg, num_blocks, config.block_size, dtype)
+        # One sequence must always fit in the pool, or it could never be scheduled.
+        self.max_model_len = min(
+            config.max_model_len or cfg.context_length, cfg.context_length,
+            self.pool.capacity_tokens,
+        )
+        self.block_manager = BlockManager(num_blocks, config.block_size,
+                                          config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.model_runner = ModelRunner(model, self.pool)
+        self.sequences: dict[int, Sequence] = {}
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         self.check_prompt(prompt_ids)
         seq = Sequence(
             prompt_ids, params, self.tokenizer, self.model.cfg.vocab_size, self.max_model_len
         )
-        self.running.append(seq)
+        self.sequences[seq.request_id] = seq
+        self.scheduler.add(seq)
         return seq
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
@@ -51,28 +72,50 @@ class LLMEngine:
             raise PromptError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
 
     def step(self) -> list[RequestOutput]:
+        """Advance every scheduled sequence; one output per sequence that got a new token."""
+        batch = self.scheduler.schedule()
+        start = time.perf_counter()
+        token_ids = self.model_runner.run(batch)
+        self._count_time(batch, time.perf_counter() - start)
+        self.scheduler.postprocess(batch)
         outputs = []
-        for seq in self.running:
-            token_id = self.model_runner.run(seq)
+        for seq, token_id in zip(batch.sampling, token_ids):
             delta = seq.append(token_id)
+            if seq.is_finished:
+                self._release(seq)
             outputs.append(seq.output(delta))
-        self.running = [s for s in self.running if not s.is_finished]
         return outputs
 
+    def _count_time(self, batch: Batch, elapsed: float) -> None:
+        """Charge the step to each sequence: pre-fill until its first token, decode after."""
+        for it in batch.items:
+            t = it.seq.timings
+            if it.seq.output_ids and it.n_tokens == 1:
+                t.decode_s += elapsed
+                t.decode_tokens += 1
+            else:
+                t.prefill_s += elapsed
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.sequences.pop(seq.request_id, None)
+
     def abort(self, request_id: int) -> None:
-        for seq in self.running:
-            if seq.request_id == request_id:
-                seq.finish("abort")
-        self.running = [s for s in self.running if not s.is_finished]
+        seq = self.sequences.get(request_id)
+        if seq is not None and not seq.is_finished:
+            seq.finish("abort")
+            self._release(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running)
+        return self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
-        caches = [s.kv for s in self.running if s.kv is not None]
+        bm = self.block_manager
         return EngineStats(
-            running=sum(s.status is Status.RUNNING for s in self.running),
-            waiting=sum(s.status is Status.WAITING for s in self.running),
-            kv_used_tokens=sum(c.length for c in caches),
-            kv_capacity_tokens=sum(c.max_len for c in caches),
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_used_tokens=bm.num_used * bm.block_size,
+            kv_capacity_tokens=self.pool.capacity_tokens,
+            prefix_cache_queries=bm.queries,
+            prefix_cache_hits=bm.hits,
         )

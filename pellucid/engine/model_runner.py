@@ -1,65 +1,88 @@
-"""ModelRunner: runs the model for a sequence's next step and samples the next token.
+"""ModelRunner: turns a scheduled batch into model inputs, runs one forward pass, samples.
 
-Pre-fill pushes the whole prompt through the model in one forward pass (all positions in
-parallel); each decode step pushes only the newest token and reads the rest from the KV cache.
+All tokens of the step are flattened into one row: pre-fill chunks contribute many tokens each
+(processed in parallel), decoding sequences one token each. Only the last position of each
+sequence that is due a new token goes through the LM head.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import Tensor
 
-from pellucid.engine.kv_cache import KVCache
+from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
-from pellucid.engine.sequence import Sequence, Status
+from pellucid.engine.scheduler import Batch
+from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, dtype: torch.dtype, max_model_len: int):
+    def __init__(self, model: LlamaModel, pool: KVCachePool):
         self.model = model
-        self.dtype = dtype
-        self.max_model_len = max_model_len
+        self.pool = pool
 
     @torch.inference_mode()
-    def run(self, seq: Sequence) -> int:
-        """Advance `seq` by one token (pre-fill first if needed); return the sampled token id."""
-        start = time.perf_counter()
-        if seq.status is Status.WAITING:
-            logits = self.prefill(seq)
-        else:
-            logits = self.decode(seq)
-        out = sample(logits, [seq.sampler_state])
-        token_id = int(out.token_ids[0])
-        elapsed = time.perf_counter() - start
-        if seq.status is Status.WAITING:
-            seq.status, seq.timings.prefill_s = Status.RUNNING, elapsed
-        else:
-            seq.timings.decode_tokens += 1
-            seq.timings.decode_s += elapsed
-        if seq.logprobs is not None:
-            seq.logprobs.append(_token_logprob(out, token_id, seq.params.logprobs or 0))
-        return token_id
+    def run(self, batch: Batch) -> list[int]:
+        """One forward pass over the batch; returns a token for each of `batch.sampling`."""
+        ids, positions, ctx, last_rows = self.prepare(batch)
+        hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
+        if not last_rows:
+            return []
+        logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
+        seqs = batch.sampling
+        out = sample(logits, [s.sampler_state for s in seqs])
+        token_ids = out.token_ids.tolist()
+        for row, seq in enumerate(seqs):
+            if seq.logprobs is not None:
+                seq.logprobs.append(_token_logprob(out, row, token_ids[row], seq.params.logprobs))
+        return token_ids
 
-    def prefill(self, seq: Sequence) -> Tensor:
-        """All prompt tokens in one forward pass; logits of the last position (1, vocab)."""
-        max_len = min(len(seq.prompt_ids) + seq.params.max_tokens, self.max_model_len)
-        seq.kv = KVCache(self.model.cfg, max_len, self.dtype)
-        ids = torch.tensor([seq.prompt_ids])  # (1, T)
-        return self.model(ids, ctx=seq.kv.context(ids.shape[1]), last_only=True)[:, -1]
+    def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:
+        bs = self.pool.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[Tensor] = []
+        prefills: list[PrefillSlice] = []
+        decode_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        last_rows: list[int] = []
+        for it in batch.items:
+            seq, start, row = it.seq, it.seq.num_computed, len(ids)
+            end = start + it.n_tokens
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            table = torch.tensor(seq.block_table)
+            pos = torch.arange(start, end)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            if it.n_tokens == 1:  # one query: batched with the decode rows
+                decode_rows.append(row)
+                decode_tables.append(seq.block_table)
+                decode_lens.append(end)
+            else:
+                prefills.append(PrefillSlice(row, it.n_tokens, end, table))
+            if it.samples:
+                last_rows.append(len(ids) - 1)
+        ctx = ForwardContext(
+            self.pool.k, self.pool.v, torch.cat(slots), prefills,
+            _decode_batch(decode_rows, decode_tables, decode_lens),
+        )
+        return torch.tensor(ids), torch.tensor(positions), ctx, last_rows
 
-    def decode(self, seq: Sequence) -> Tensor:
-        """One new token attends over the cached keys/values of all earlier ones; (1, vocab)."""
-        assert seq.kv is not None
-        ids = torch.tensor([[seq.last_token]])  # (1, 1)
-        return self.model(ids, ctx=seq.kv.context(1))[:, -1]
+
+def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int]) -> DecodeBatch | None:
+    if not rows:
+        return None
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) for t in tables]  # block 0 as filler, masked out
+    return DecodeBatch(torch.tensor(rows), torch.tensor(padded), torch.tensor(lens))
 
 
-def _token_logprob(out: SamplerOutput, token_id: int, n_top: int) -> TokenLogprob:
+def _token_logprob(out: SamplerOutput, row: int, token_id: int, n_top: int | None) -> TokenLogprob:
     assert out.logprobs is not None and out.top_token_ids is not None
     assert out.top_logprobs is not None
-    top = list(zip(out.top_token_ids[0, :n_top].tolist(), out.top_logprobs[0, :n_top].tolist()))
-    return TokenLogprob(token_id, float(out.logprobs[0]), top)
+    n = n_top or 0
+    top = list(zip(out.top_token_ids[row, :n].tolist(), out.top_logprobs[row, :n].tolist()))
+    return TokenLogprob(token_id, float(out.logprobs[row]), top)

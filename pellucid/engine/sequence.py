@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 from enum import Enum
 
-from pellucid.engine.kv_cache import KVCache
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
 from pellucid.engine.sampling_params import SamplingParams
@@ -16,8 +15,8 @@ _ids = itertools.count()
 
 
 class Status(Enum):
-    WAITING = "waiting"  # prompt not yet pre-filled
-    RUNNING = "running"  # decoding one token per step
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # has KV blocks; pre-filling in chunks or decoding
     FINISHED = "finished"
 
 
@@ -32,15 +31,20 @@ class Sequence:
     ):
         self.request_id = next(_ids)
         self.prompt_ids = list(prompt_ids)
+        self.token_ids = list(prompt_ids)  # prompt + output: what the KV cache must hold
         self.output_ids: list[int] = []
         self.params = params
-        # Stop at EOS / end-of-turn (unless ignored), the caller's stop ids, or a full context.
-        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else tokenizer.eos_ids)
-        self.max_len = max_len
         self.status = Status.WAITING
         self.finish_reason: str | None = None
+        # Stop at EOS / end-of-turn (unless ignored), the caller's stop ids, or a full context.
+        eos = set() if params.ignore_eos else tokenizer.eos_ids
+        self.stop_ids = set(params.stop_token_ids) | eos
+        self.max_len = max_len
+        self.num_computed = 0  # tokens whose K/V are in the cache
+        self.num_cached = 0  # of the prompt, tokens found in the prefix cache
+        self.block_table: list[int] = []
+        self.num_sealed_blocks = 0  # full blocks registered for prefix sharing
         self.sampler_state = SamplerState(params, prompt_ids, vocab_size)
-        self.kv: KVCache | None = None  # allocated at pre-fill
         self.timings = Timings(prompt_tokens=len(prompt_ids))
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self._detok = IncrementalDetokenizer(tokenizer)
@@ -48,8 +52,9 @@ class Sequence:
         self.text = ""
 
     @property
-    def last_token(self) -> int:
-        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+    def num_pending(self) -> int:
+        """Tokens still to push through the model before the next one can be sampled."""
+        return len(self.token_ids) - self.num_computed
 
     @property
     def is_finished(self) -> bool:
@@ -58,16 +63,16 @@ class Sequence:
     def append(self, token_id: int) -> str:
         """Add a sampled token; return the text it releases. Sets finish_reason when done."""
         self.output_ids.append(token_id)
+        self.token_ids.append(token_id)
         self.sampler_state.update(token_id)
         if token_id in self.stop_ids:
             return self.finish("stop")  # the stop token itself is not shown
         delta = self._stops.feed(self._detok.step(token_id))
+        self.text += delta
         if self._stops.stopped:
-            self.text += delta
             self.finish("stop")
             return delta
-        self.text += delta
-        full = len(self.prompt_ids) + len(self.output_ids) >= self.max_len
+        full = len(self.token_ids) >= self.max_len
         if len(self.output_ids) >= self.params.max_tokens or full:
             return delta + self.finish("length")
         return delta
@@ -75,7 +80,6 @@ class Sequence:
     def finish(self, reason: str) -> str:
         """Mark the sequence done; return any text held back for a stop string that never came."""
         self.status, self.finish_reason = Status.FINISHED, reason
-        self.kv = None  # free the cache now, not when the caller drops the sequence
         tail = "" if self._stops.stopped else self._stops.flush()
         self.text += tail
         return tail

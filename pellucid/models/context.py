@@ -1,8 +1,9 @@
-"""ForwardContext: what one forward pass needs from the engine, passed explicitly (no globals).
+"""ForwardContext: what one inference step needs from the engine, passed explicitly (no globals).
 
-`model(ids, positions, ctx)` with `ctx=None` is training or a full recompute: attention sees only
-this call's tokens. With a context, each layer appends its keys and values to the KV cache and
-attends over everything cached so far.
+All tokens of a step (pre-fill chunks of some sequences, one decode token of others) are flattened
+into one batch of N rows so every matrix multiply runs once; only attention looks at sequences
+separately, reading each one's keys and values from the paged KV cache through its block table.
+`model(ids, positions, ctx=None)` is training or a full recompute: no cache at all.
 """
 
 from __future__ import annotations
@@ -13,17 +14,32 @@ from torch import Tensor
 
 
 @dataclass(slots=True)
-class ForwardContext:
-    k_cache: list[Tensor]  # per layer, (B, max_len, n_kv_heads, head_dim)
-    v_cache: list[Tensor]
-    start: int  # tokens already in the cache; this call's tokens go to [start, start + T)
-    # Per-layer attention probabilities are kept here for these layers (for `explain`).
-    capture_attention: set[int] = field(default_factory=set)
-    attention: dict[int, Tensor] = field(default_factory=dict)  # layer -> (B, n_heads, T, S)
+class PrefillSlice:
+    """One sequence's pre-fill chunk: rows [start, start + length) of the step's tokens."""
 
-    def store(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this call's k, v (B, T, n_kv, hd) into the cache; return all cached (B, S, ...)."""
-        end = self.start + k.shape[1]
-        self.k_cache[layer][:, self.start : end] = k
-        self.v_cache[layer][:, self.start : end] = v
-        return self.k_cache[layer][:, :end], self.v_cache[layer][:, :end]
+    start: int
+    length: int
+    ctx_len: int  # tokens in its cache once this chunk is written (earlier chunks + this one)
+    block_table: Tensor  # (n_blocks,) int64: where its tokens live in the pool
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    """All sequences that add exactly one token this step, attended in one batched call."""
+
+    rows: Tensor  # (B,) their rows among the step's tokens
+    block_tables: Tensor  # (B, max_blocks) int64, padded with block 0 (masked out)
+    ctx_lens: Tensor  # (B,) tokens in each cache including the new one
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    k_cache: list[Tensor]  # per layer (num_blocks, block_size, n_kv_heads, head_dim)
+    v_cache: list[Tensor]
+    slot_mapping: Tensor  # (N,) flat pool slot (block * block_size + offset) of each new token
+    prefills: list[PrefillSlice]
+    decode: DecodeBatch | None
+    # Attention probabilities are kept for these layers (for `explain`): layer -> list of
+    # (rows, probs (heads, q_len, ctx_len)) per sequence.
+    capture_attention: set[int] = field(default_factory=set)
+    attention: dict[int, list[Tensor]] = field(default_factory=dict)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
+from pellucid.models.paged_attention import attend, attention_mask, paged_attention
 from pellucid.models.rope import apply_rope
 
 
@@ -25,15 +26,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.weight * self.normalize(x).to(x.dtype)
-
-
-def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
-    """Boolean (T, S) mask, True where query i may look at key j: causal, optionally windowed."""
-    delta = q_pos[:, None] - k_pos[None, :]  # how far back each key lies
-    allowed = delta >= 0
-    if window is not None:
-        allowed &= delta < window
-    return allowed
 
 
 class Attention(nn.Module):
@@ -66,30 +58,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = self.norm_qk(q, k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        k_pos = positions
-        if ctx is not None:  # append to the KV cache, then attend over all of it
-            k, v = ctx.store(self.layer, k, v)  # (B, S, n_kv, hd)
-            k_pos = torch.arange(k.shape[1])
-        mask = attention_mask(positions, k_pos, self.window)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T|S, hd)
-        if ctx is not None and self.layer in ctx.capture_attention:
-            out = self._attend_and_capture(q, k, v, mask, ctx)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True
-            )
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-
-    def _attend_and_capture(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, ctx: ForwardContext
-    ) -> Tensor:
-        """The same attention written out, keeping softmax(QKᵀ·scale) for inspection."""
-        group = self.n_heads // self.n_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * self.scale  # (B, heads, T, S)
-        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        ctx.attention[self.layer] = probs
-        return probs @ v
+        if ctx is not None:  # inference: B == 1 and T is every token of the step
+            out = paged_attention(q[0], k[0], v[0], self.layer, ctx, self.window, self.scale)
+        else:  # training / full recompute: causal attention within each row of the batch
+            mask = attention_mask(positions, positions, self.window)
+            out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                         self.scale).transpose(1, 2)  # (B, T, H, hd)
+        return self.o_proj(out.reshape(B, T, -1))
 
 
 class MLP(nn.Module):

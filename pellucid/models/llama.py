@@ -81,17 +81,13 @@ class LlamaModel(nn.Module):
         return 0
 
     def forward(
-        self,
-        ids: Tensor,
-        positions: Tensor | None = None,
-        ctx: ForwardContext | None = None,
-        last_only: bool = False,
+        self, ids: Tensor, positions: Tensor | None = None, ctx: ForwardContext | None = None
     ) -> Tensor:
-        """Logits (B, T, vocab); with `last_only`, only for the last position (B, 1, vocab)."""
+        """Logits (B, T, vocab). Inference passes positions and a ForwardContext (B == 1)."""
         if positions is None:
-            start = ctx.start if ctx is not None else 0
-            positions = torch.arange(start, start + ids.shape[1])
-        h = self.hidden_states(ids, positions, ctx)
-        if last_only:
-            h = h[:, -1:]
+            positions = torch.arange(ids.shape[1])
+        return self.compute_logits(self.hidden_states(ids, positions, ctx))
+
+    def compute_logits(self, h: Tensor) -> Tensor:
+        """Hidden states (..., dim) -> float32 logits (..., vocab): the LM head."""
         return self.lm_head(h).float()

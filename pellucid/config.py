@@ -1,0 +1,24 @@
+"""EngineConfig: how the engine uses memory and schedules work (model hyperparameters live in
+models/config.py and come from the checkpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    max_model_len: int | None = None  # None: the model's own context length
+    block_size: int = 16  # tokens per KV cache block
+    kv_cache_bytes: int = 1 << 30  # the KV pool, preallocated once; sets how many tokens fit
+    max_num_seqs: int = 64  # sequences in one step
+    max_num_batched_tokens: int = 512  # tokens in one step: pre-fill chunks + decode rows
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")

@@ -1,0 +1,117 @@
+"""BlockManager: hands out fixed-size blocks of the KV pool to sequences and shares full blocks
+between sequences whose token prefixes are equal (prefix caching).
+
+A full block is known by a chained hash of its tokens and its predecessor's hash, so equal hashes
+mean equal prefixes. Freed blocks keep their contents and hash; they are reused
+least-recently-freed first, so popular prefixes stay cached as long as memory allows.
+Pure bookkeeping: no tensors here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None  # set once the block is full
+    token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+def block_hash(token_ids: tuple[int, ...], parent: int | None) -> int:
+    return hash((parent, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # hash -> block id of a full block
+        self.prefix_caching = enable_prefix_caching
+        self.queries = self.hits = 0  # prompt tokens looked up / found in the prefix cache
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self.blocks) - len(self.free)
+
+    def blocks_needed(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def allocate_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
+        """Blocks for a new sequence's cached prefix: (block table, tokens already computed).
+
+        The block holding the last token is never taken from the cache, so at least one token is
+        computed and yields the logits for the next one.
+        """
+        table: list[int] = []
+        parent: int | None = None
+        n_full = (len(token_ids) - 1) // self.block_size
+        self.queries += n_full * self.block_size
+        for i in range(n_full if self.prefix_caching else 0):
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            parent = block_hash(chunk, parent)
+            block_id = self.cached.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            self._ref(block_id)
+            table.append(block_id)
+        self.hits += len(table) * self.block_size
+        return table, len(table) * self.block_size
+
+    def grow(self, table: list[int], n_tokens: int) -> bool:
+        """Append blocks so `table` holds `n_tokens`; False (and nothing taken) if too few free."""
+        need = self.blocks_needed(n_tokens) - len(table)
+        if need > self.num_free:
+            return False
+        for _ in range(need):
+            table.append(self._take_free())
+        return True
+
+    def seal_full_blocks(
+        self, table: list[int], token_ids: list[int], n_sealed: int, n_computed: int
+    ) -> int:
+        """Register blocks n_sealed.. that are now full and computed, so later requests can share
+        them; returns the new number of sealed blocks."""
+        n_full = n_computed // self.block_size
+        if not self.prefix_caching:
+            return n_full
+        parent = self.blocks[table[n_sealed - 1]].hash if n_sealed else None
+        for i in range(n_sealed, n_full):
+            block = self.blocks[table[i]]
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            if block.hash is None:
+                block.hash, block.token_ids = block_hash(chunk, parent), chunk
+                self.cached.setdefault(block.hash, block.block_id)
+            parent = block.hash
+        return n_full
+
+    def free_table(self, table: list[int]) -> None:
+        """Release a sequence's blocks; the tail goes first so shared prefixes are freed last."""
+        for block_id in reversed(table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None  # most recently freed: reused last
+        table.clear()
+
+    def _ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]  # a cached free block comes back into use
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free.popitem(last=False)  # least recently freed
+        block = self.blocks[block_id]
+        if block.hash is not None and self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]  # its old contents are about to be overwritten
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        return block_id

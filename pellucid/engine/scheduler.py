@@ -1,0 +1,125 @@
+"""Scheduler: decides which sequences run in the next step and how many tokens each pushes.
+
+Every step has a token budget. Running sequences go first (one token each when decoding, the next
+chunk when a long prompt is being pre-filled), then waiting ones are admitted first-come
+first-served while budget and KV blocks last. When a running sequence needs a block and none is
+free, the newest running sequence is preempted: its blocks are freed and it is recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from pellucid.config import EngineConfig
+from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    n_tokens: int  # tokens pushed through the model this step
+    samples: bool  # True when this step completes its known tokens, so a new one is sampled
+
+
+@dataclass(slots=True)
+class Batch:
+    items: list[ScheduledSeq]
+
+    @property
+    def sampling(self) -> list[Sequence]:
+        return [it.seq for it in self.items if it.samples]
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, block_manager: BlockManager):
+        self.cfg = cfg
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Batch:
+        budget = self.cfg.max_num_batched_tokens
+        items: list[ScheduledSeq] = []
+        i = 0
+        while i < len(self.running) and budget > 0:  # running first, oldest first
+            seq = self.running[i]
+            n = min(seq.num_pending, budget)
+            if not self._make_room(seq, n):
+                continue  # seq itself was preempted; running[i] is now the next one
+            items.append(self._item(seq, n))
+            budget -= n
+            i += 1
+        preempted = self.num_preemptions
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            if self.num_preemptions != preempted:
+                break  # memory is short: admit nobody new this step
+            seq = self.waiting[0]
+            n = self._admit(seq, budget)
+            if n == 0:
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            items.append(self._item(seq, n))
+            budget -= n
+        return Batch(items)
+
+    def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
+        return ScheduledSeq(seq, n, samples=seq.num_computed + n == len(seq.token_ids))
+
+    def _make_room(self, seq: Sequence, n: int) -> bool:
+        """Grow seq's blocks for n more tokens, preempting the newest sequences if needed."""
+        while not self.block_manager.grow(seq.block_table, seq.num_computed + n):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Give a waiting sequence its cached prefix and blocks; tokens to compute (0: no room)."""
+        bm = self.block_manager
+        seq.block_table, seq.num_computed = bm.allocate_prefix(seq.token_ids)
+        if seq.num_cached == 0:
+            seq.num_cached = seq.num_computed  # first admission: what the prefix cache saved
+        n = min(seq.num_pending, budget)
+        if not bm.grow(seq.block_table, seq.num_computed + n):
+            bm.free_table(seq.block_table)
+            seq.num_computed = 0
+            return 0
+        return n
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and queue it first in line; it recomputes its tokens when readmitted."""
+        self.running.remove(seq)
+        self.block_manager.free_table(seq.block_table)
+        seq.num_computed, seq.num_sealed_blocks = 0, 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def postprocess(self, batch: Batch) -> None:
+        """After the model ran: count the computed tokens and share newly full blocks."""
+        for it in batch.items:
+            seq = it.seq
+            seq.num_computed += it.n_tokens
+            seq.num_sealed_blocks = self.block_manager.seal_full_blocks(
+                seq.block_table, seq.token_ids, seq.num_sealed_blocks, seq.num_computed
+            )
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a finished or aborted sequence's blocks (shared prefixes stay cached)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free_table(seq.block_table)

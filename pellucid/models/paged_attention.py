@@ -1,0 +1,71 @@
+"""Attention over the paged KV cache: write this step's K/V into their slots, then let each
+query attend to its sequence's cached keys and values (gathered through the block table).
+
+Pre-fill chunks are attended one sequence at a time (many queries each); decode rows are padded
+to a common length and attended in one batched call (one query each).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pellucid.models.context import ForwardContext
+
+
+def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
+    """Boolean (..., T, S) mask, True where a query may look at a key: causal, maybe windowed."""
+    delta = q_pos[..., :, None] - k_pos[..., None, :]  # how far back each key lies
+    allowed = delta >= 0
+    if window is not None:
+        allowed &= delta < window
+    return allowed
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
+           keep: list[Tensor] | None = None) -> Tensor:
+    """softmax(q·kᵀ·scale + mask)·v with grouped KV heads; q (B, H, T, hd), k/v (B, Hkv, S, hd).
+
+    With `keep`, the probabilities are computed explicitly and appended to it (for `explain`);
+    otherwise the fused SDPA kernel runs.
+    """
+    if keep is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    probs = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    keep.append(probs)
+    return probs @ v
+
+
+def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardContext,
+                    window: int | None, scale: float) -> Tensor:
+    """q (N, H, hd), k/v (N, Hkv, hd) for the step's N tokens -> attention output (N, H, hd)."""
+    k_cache, v_cache = ctx.k_cache[layer], ctx.v_cache[layer]
+    n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
+    keep = ctx.attention.setdefault(layer, []) if layer in ctx.capture_attention else None
+    out = torch.empty_like(q)
+    for s in ctx.prefills:
+        rows = slice(s.start, s.start + s.length)
+        keys = k_cache[s.block_table].flatten(0, 1)[: s.ctx_len]  # (S, Hkv, hd)
+        values = v_cache[s.block_table].flatten(0, 1)[: s.ctx_len]
+        k_pos = torch.arange(s.ctx_len)
+        mask = attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
+        o = attend(q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None].to(q.dtype),
+                   values.transpose(0, 1)[None].to(q.dtype), mask, scale, keep)
+        out[rows] = o[0].transpose(0, 1)
+    if ctx.decode is not None:
+        d = ctx.decode
+        B, max_len = d.block_tables.shape[0], d.block_tables.shape[1] * k_cache.shape[1]
+        keys = k_cache[d.block_tables].view(B, max_len, n_kv, head_dim).transpose(1, 2)
+        values = v_cache[d.block_tables].view(B, max_len, n_kv, head_dim).transpose(1, 2)
+        # Causality also hides the padding: every padded slot lies after the query's position.
+        mask = attention_mask((d.ctx_lens - 1)[:, None], torch.arange(max_len)[None], window)
+        o = attend(q[d.rows][:, :, None], keys.to(q.dtype), values.to(q.dtype), mask[:, None],
+                   scale, keep)  # (B, H, 1, hd)
+        out[d.rows] = o[:, :, 0]
+    return out
