@@ -1,0 +1,73 @@
+"""Shared benchmark plumbing: repeat and summarize timings, describe the machine, save results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def repeat(fn: Callable[[], float], n: int) -> dict[str, float]:
+    """Run fn n times (it returns one measured value) -> median / min / max."""
+    values = [fn() for _ in range(n)]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def machine() -> dict[str, object]:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def save(name: str, result: dict[str, object]) -> Path:
+    """Write the result with commit, machine and date to benchmarks/results/ and print it."""
+    stamp = datetime.now(timezone.utc)
+    result = {"benchmark": name, "date": stamp.isoformat(timespec="seconds"), "commit": commit(),
+              "machine": machine(), **result}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))  # the last line is one JSON object
+    return path

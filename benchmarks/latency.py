@@ -1,0 +1,64 @@
+"""Latency of one request: load time, pre-fill tok/s of a 512-token prompt, decode tok/s for
+128 tokens, peak RSS. Prints median/min/max over repeats; the last line is one JSON object.
+
+    .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype float32] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
+
+from common import peak_rss_mib, repeat, save  # noqa: E402
+
+from pellucid import LLM, SamplingParams  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    start = time.perf_counter()
+    llm = LLM(args.model, dtype=args.dtype)
+    load_s = time.perf_counter() - start
+    text = Path(__file__).with_name("prompt.txt").read_text()
+    prompt = llm.encode(text)[: args.prompt_tokens]
+    short = llm.encode("The history of the printing press")
+
+    def prefill() -> float:
+        out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))[0]
+        return out.timings.prefill_tokens_per_s
+
+    def decode(ids: list[int]) -> float:
+        params = SamplingParams(temperature=0, max_tokens=args.decode_tokens, ignore_eos=True)
+        return llm.generate(ids, params)[0].timings.decode_tokens_per_s
+
+    prefill()  # warm-up
+    result = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "load_s": round(load_s, 3),
+        "prefill_tok_s": repeat(prefill, args.repeats),
+        "decode_tok_s_short_context": repeat(lambda: decode(short), args.repeats),
+        "decode_tok_s_after_512": repeat(lambda: decode(prompt), args.repeats),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "workload": f"{len(prompt)}-token prompt; {args.decode_tokens} greedy tokens",
+    }
+    for key in ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512"):
+        s = result[key]
+        print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
+    print(f"{'load_s':28s} {load_s:.2f}   peak RSS {result['peak_rss_mib']} MiB")
+    save("latency", result)
+
+
+if __name__ == "__main__":
+    main()
