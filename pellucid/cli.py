@@ -53,6 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--model", help=f"model name or path (default {catalog.DEFAULT_MODEL})")
     tok.set_defaults(run=run_tokenize)
 
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
+                       "(default: $PELLUCID_API_KEY, else no key)")
+    serve.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    serve.add_argument("--max-queue", type=int, default=256,
+                       help="most sequences in flight; more get HTTP 429")
+    serve.set_defaults(run=run_serve)
+
     models = commands.add_parser("models", help="list the models available locally")
     models.set_defaults(run=run_models)
     add_training_commands(commands)  # data prepare, train, export
@@ -177,4 +188,24 @@ def run_models(args: argparse.Namespace) -> int:
         else:
             print(f"  not installed; {entry.install}")
     print("Any local GGUF file or Hugging Face folder (config.json + *.safetensors) works too.")
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from pellucid.llm import LLM
+    from pellucid.server import create_app
+
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
+    entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
+    name = entry.name if entry is not None else llm.path.name
+    api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")
+    app = create_app(llm, api_key=api_key, model_name=name, max_queue=args.max_queue)
+    print(f"Serving {name} at http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if api_key else ''}", file=sys.stderr)
+    # Streams still open at Ctrl-C get 10 s to finish; then they are cancelled (and aborted).
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=10)
     return 0
