@@ -45,6 +45,17 @@ class TrainResult:
     val: dict[int, float]  # step -> val loss
     tokens_per_s: float  # training steps only (evaluations excluded)
     train_seconds: float
+    step_seconds: list[float]  # wall time of each step this run took
+    tokens_per_step: int
+
+    @property
+    def median_tokens_per_s(self) -> float:
+        """Typical speed: unlike the mean, not dragged down by moments other programs took the
+        cores (this machine is shared)."""
+        if not self.step_seconds:
+            return math.nan
+        ordered = sorted(self.step_seconds)
+        return self.tokens_per_step / ordered[len(ordered) // 2]
 
 
 class Trainer:
@@ -85,16 +96,16 @@ class Trainer:
         progress.note(self._describe())
         peak = matmul_peak(self.autocast or torch.float32) if self.verbose else math.nan
         flops = flops_per_token(self.model_cfg, cfg.block_size)
-        train_s, trained = 0.0, 0
+        step_seconds: list[float] = []
         try:
             while self.step < last:
                 if self.step % cfg.eval_interval == 0:
                     self._evaluate(progress)
                 start = time.perf_counter()
                 loss = self.train_step()
-                dt = time.perf_counter() - start
-                train_s, trained = train_s + dt, trained + 1
-                tok_s = cfg.tokens_per_iter / dt
+                step_seconds.append(time.perf_counter() - start)
+                recent = sorted(step_seconds[-cfg.log_interval :])  # median of the last few
+                tok_s = cfg.tokens_per_iter / recent[len(recent) // 2]
                 progress.step(
                     self.step,
                     f"loss {loss:.4f} | lr {self._lr(self.step - 1):.2e} | "
@@ -107,12 +118,15 @@ class Trainer:
             self.save()
         finally:
             progress.close()
+        train_s = sum(step_seconds)
         return TrainResult(
             step=self.step,
             train_losses=[loss for _, loss in self.history["train"]],
             val=dict(self.history["val"]),
-            tokens_per_s=trained * cfg.tokens_per_iter / train_s if train_s else math.nan,
+            tokens_per_s=len(step_seconds) * cfg.tokens_per_iter / train_s if train_s else math.nan,
             train_seconds=train_s,
+            step_seconds=step_seconds,
+            tokens_per_step=cfg.tokens_per_iter,
         )
 
     def train_step(self) -> float:
