@@ -1,0 +1,80 @@
+"""Offline throughput: many requests at once through the batching engine (nano-vllm's workload,
+scaled to a small CPU), against the same engine serving one request at a time.
+
+    .venv/bin/python benchmarks/throughput.py [--model smollm2-135m] [--seqs 8 32] [--repeats 3]
+
+Prints median/min/max of aggregate decode tokens/s per batch size and the ratio to single-stream
+decode measured in the same run; the last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
+
+from common import peak_rss_mib, repeat, save  # noqa: E402
+
+from pellucid import LLM, SamplingParams  # noqa: E402
+
+
+def workload(n: int, vocab: int, seed: int, max_in: int, max_out: int):
+    """n requests with random prompt ids and lengths (as nano-vllm's bench.py does)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(100, vocab) for _ in range(rng.randint(16, max_in))] for _ in range(n)]
+    params = [SamplingParams(temperature=0, max_tokens=rng.randint(16, max_out), ignore_eos=True)
+              for _ in range(n)]
+    return prompts, params
+
+
+def run_batch(llm: LLM, prompts, params) -> float:
+    """All requests submitted at once; output tokens per second of wall time."""
+    engine = llm.engine
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    elapsed = time.perf_counter() - start
+    return sum(len(s.output_ids) for s in seqs) / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--seqs", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--max-input", type=int, default=256)
+    ap.add_argument("--max-output", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    llm = LLM(args.model, dtype=args.dtype)
+    vocab = llm.config.vocab_size
+    one_prompt, one_params = workload(1, vocab, 0, args.max_input, args.max_output)
+    one_params[0].max_tokens = args.max_output
+    run_batch(llm, one_prompt, one_params)  # warm-up
+    single = repeat(lambda: run_batch(llm, one_prompt, one_params), args.repeats)
+    print(f"{'1 sequence':14s} median {single['median']:8.1f}  min {single['min']:8.1f}  "
+          f"max {single['max']:8.1f} tok/s")
+    result: dict[str, object] = {"model": args.model, "dtype": args.dtype,
+                                 "single_stream_tok_s": single}
+    for n in args.seqs:
+        prompts, params = workload(n, vocab, n, args.max_input, args.max_output)
+        stats = repeat(lambda: run_batch(llm, prompts, params), args.repeats)
+        ratio = stats["median"] / single["median"]
+        print(f"{n:3d} sequences   median {stats['median']:8.1f}  min {stats['min']:8.1f}  "
+              f"max {stats['max']:8.1f} tok/s   x{ratio:.2f} single stream")
+        result[f"seqs_{n}_tok_s"] = stats
+        result[f"seqs_{n}_vs_single"] = round(ratio, 2)
+    result["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    result["workload"] = (f"random prompts of 16-{args.max_input} ids, 16-{args.max_output} "
+                          "greedy output tokens each, all submitted at once")
+    save("throughput", result)
+
+
+if __name__ == "__main__":
+    main()
