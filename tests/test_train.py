@@ -307,3 +307,38 @@ def test_progress_reports_losses_samples_and_a_loss_curve(corpus: Path, tmp_path
     assert trainer.sample(5, "The king").startswith("The king")
     pytest.importorskip("matplotlib")
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bpe_tokenizer_trains_loads_and_feeds_training(tmp_path: Path):
+    from pellucid.cli import main
+    from pellucid.tokenizer import Tokenizer
+
+    text = tiny_text()
+    (tmp_path / "t.txt").write_text(text)
+    assert (
+        main(
+            [
+                "tokenizer",
+                "train",
+                str(tmp_path / "t.txt"),
+                "--vocab-size",
+                "300",
+                "--out",
+                str(tmp_path / "tok"),
+            ]
+        )
+        == 0
+    )
+    tok = Tokenizer.from_hf_folder(tmp_path / "tok")
+    assert tok.vocab_size == 300 and tok.eos_id == 0
+    ids = tok.encode(text[:500])
+    assert tok.decode(ids) == text[:500] and len(ids) < 250  # merges: well under a byte each
+    assert tok.decode(tok.encode("Ünïcödé ☃")) == "Ünïcödé ☃"  # any text: bytes are the base
+    meta = prepare([str(tmp_path / "t.txt")], str(tmp_path / "tok"), tmp_path / "data")
+    assert meta["vocab_size"] == 300
+    data = TokenData.open(tmp_path / "data")
+    assert tok.decode(np.concatenate([data.train, data.val]).tolist()) == text
+    result = Trainer(
+        tiny_config(tmp_path / "data", tmp_path / "run", max_iters=3), verbose=False
+    ).run()
+    assert len(result.train_losses) == 3

@@ -1,4 +1,4 @@
-"""The training commands of `pellucid`: data prepare, train, export.
+"""The training commands of `pellucid`: data prepare, tokenizer train, train, export.
 
 pellucid data prepare shakespeare --tokenizer char --out data/shakespeare_char
 pellucid train --data data/shakespeare_char --out runs/baby          # nanoGPT's baby GPT size
@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 
 def add_training_commands(commands: Any) -> None:
-    """Add `data`, `train` and `export` to the `pellucid` sub-command parser."""
+    """Add `data`, `tokenizer`, `train` and `export` to the `pellucid` sub-command parser."""
     data = commands.add_parser("data", help="prepare token shards for training")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prep = data_commands.add_parser(
@@ -33,6 +33,14 @@ def add_training_commands(commands: Any) -> None:
     prep.add_argument("--out", required=True, type=Path)
     prep.add_argument("--val-fraction", type=float, default=0.1)
     prep.set_defaults(run=run_prepare)
+
+    tok = commands.add_parser("tokenizer", help="train a tokenizer")
+    tok_commands = tok.add_subparsers(dest="tokenizer_command", required=True)
+    bpe = tok_commands.add_parser("train", help="byte-level BPE -> tokenizer.json")
+    bpe.add_argument("sources", nargs="+", help="shakespeare, shakespeare-plays, a file or folder")
+    bpe.add_argument("--vocab-size", type=int, default=4096)
+    bpe.add_argument("--out", required=True, type=Path)
+    bpe.set_defaults(run=run_tokenizer_train)
 
     train = commands.add_parser("train", help="train a model from scratch on prepared data")
     add_config_args(train)
@@ -75,6 +83,20 @@ def run_prepare(args: argparse.Namespace) -> int:
         f"{args.out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens "
         f"({meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']}, {meta['dtype']})"
     )
+    return 0
+
+
+def run_tokenizer_train(args: argparse.Namespace) -> int:
+    from pellucid.tokenizer import Tokenizer
+    from pellucid.train.bpe import save_bpe, train_bpe
+    from pellucid.train.data import read_sources
+
+    text = read_sources(args.sources)
+    save_bpe(train_bpe(text, args.vocab_size, show_progress=sys.stderr.isatty()), args.out)
+    tok = Tokenizer.from_hf_folder(args.out)  # check the engine reads what was written
+    sample = text[:10_000]
+    ratio = len(sample.encode()) / max(1, len(tok.encode(sample)))
+    print(f"{args.out}/tokenizer.json: {tok.vocab_size} tokens, {ratio:.2f} bytes per token")
     return 0
 
 

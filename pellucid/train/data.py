@@ -9,11 +9,14 @@ meta.json and the tokenizer (tokenizer.json), so a model trained on it can be ex
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from rich.progress import track
 from tokenizers import Tokenizer as HFTokenizer
 
 from pellucid.train.char_tokenizer import (
@@ -91,8 +94,14 @@ def encode(hf: HFTokenizer, kind: str, text: str, chunk_chars: int = 1 << 20) ->
             chunks.append("".join(current))
             current, size = [], 0
     chunks.append("".join(current))
-    encoded = hf.encode_batch(chunks, add_special_tokens=False)
-    return np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encoded])
+    groups = [chunks[i : i + 16] for i in range(0, len(chunks), 16)]  # 16 MiB per batch call
+    ids = []
+    for group in track(groups, "encoding", disable=not sys.stderr.isatty(), transient=True):
+        ids.extend(
+            np.asarray(e.ids, dtype=np.int64)
+            for e in hf.encode_batch(group, add_special_tokens=False)
+        )
+    return np.concatenate(ids)
 
 
 def prepare(sources: list[str], tokenizer: str, out: Path, val_fraction: float = 0.1) -> dict:
@@ -110,7 +119,14 @@ def prepare(sources: list[str], tokenizer: str, out: Path, val_fraction: float =
     out.mkdir(parents=True, exist_ok=True)
     write_bin(out / "train.bin", ids[:n_train], dtype)
     write_bin(out / "val.bin", ids[n_train:], dtype)
-    save_tokenizer(hf, out)
+    if tokenizer in TOKENIZER_KINDS:
+        save_tokenizer(hf, out)
+    else:  # a trained tokenizer: ship its files as they are (they name EOS)
+        source = Path(tokenizer).expanduser()
+        source = source if source.is_dir() else source.parent
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (source / name).is_file():
+                shutil.copy(source / name, out / name)
     meta = {
         "sources": sources,
         "tokenizer": tokenizer,
