@@ -27,8 +27,11 @@ def restore_threads():
 def cli_args(cfg: TrainConfig) -> list[str]:
     args = []
     for name, value in cfg.to_dict().items():
-        if value is not None:
-            args += [f"--{name.replace('_', '-')}", str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        elif value is not None:
+            args += [f"--{flag}", str(value)]
     return args
 
 

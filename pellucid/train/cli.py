@@ -1,4 +1,4 @@
-"""The training commands of `pellucid`: data prepare, tokenizer train, train, export.
+"""The training commands of `pellucid`: data prepare, tokenizer train, train, scale, export.
 
 pellucid data prepare shakespeare --tokenizer char --out data/shakespeare_char
 pellucid train --data data/shakespeare_char --out runs/baby          # nanoGPT's baby GPT size
@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 
 def add_training_commands(commands: Any) -> None:
-    """Add `data`, `tokenizer`, `train` and `export` to the `pellucid` sub-command parser."""
+    """Add `data`, `tokenizer`, `train`, `scale` and `export` to the `pellucid` sub-command parser."""
     data = commands.add_parser("data", help="prepare token shards for training")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prep = data_commands.add_parser(
@@ -48,6 +48,20 @@ def add_training_commands(commands: Any) -> None:
     train.add_argument("--no-export", action="store_true", help="skip writing OUT/model")
     train.set_defaults(run=run_train)
 
+    scale = commands.add_parser("scale", help="sweep model sizes x token budgets, fit loss(C)")
+    scale.add_argument("--data", required=True, help="a folder from `pellucid data prepare`")
+    scale.add_argument("--out", required=True, type=Path)
+    scale.add_argument(
+        "--iters",
+        type=int,
+        nargs="+",
+        default=None,
+        help="token budgets in iterations (default 250 500 1000)",
+    )
+    scale.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    scale.add_argument("--threads", type=int)
+    scale.set_defaults(run=run_scale)
+
     export = commands.add_parser("export", help="training run -> Hugging Face model folder")
     export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     export.add_argument("--out", required=True, type=Path)
@@ -63,6 +77,8 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
         kind = _scalar_type(f.type)
         if f.default is MISSING:  # data and out: required unless resuming
             p.add_argument(flag, type=kind)
+        elif str(f.type) == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             p.add_argument(flag, type=kind, default=f.default, help=f"default {f.default}")
 
@@ -130,6 +146,23 @@ def run_train(args: argparse.Namespace) -> int:
         if not args.no_export:
             folder = export_hf(trainer.model, Path(cfg.data), Path(cfg.out) / "model")
             print(f'model: {folder}  (pellucid generate "..." --model {folder})', file=sys.stderr)
+    return 0
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    from pellucid.train import scale
+    from pellucid.train.config import TrainConfig
+
+    base = TrainConfig(data=args.data, out=str(args.out), dtype=args.dtype, threads=args.threads)
+    runs = scale.run_sweep(
+        base,
+        args.out / "runs",
+        iters=tuple(args.iters or scale.ITERS),
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    law = scale.fit_power_law(runs)
+    print(scale.report(runs, law, args.out))
+    print(f"{args.out}/scale.png, {args.out}/scale.json")
     return 0
 
 

@@ -46,6 +46,8 @@ class TrainConfig:
     # precision and machine
     dtype: str = "bfloat16"  # autocast for matrix work; weights and optimizer stay float32
     threads: int | None = None  # torch threads; None leaves torch's choice
+    compile: bool = False  # torch.compile the model: fuses the small element-wise ops (needs a C++
+    # compiler; the first steps take longer while it compiles)
     seed: int = 1337
     # evaluation, samples, checkpoints
     eval_interval: int = 250
