@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import random
 import re
 import socket
 import threading
@@ -32,6 +34,9 @@ from pellucid.server import create_app
 KEY = "test-key"
 MODEL = "smollm2-135m"
 HELLO = [{"role": "user", "content": "Say hello to Paris."}]
+# The issue's full checks: PELLUCID_DISCONNECTS=200 PELLUCID_FUZZ_EXAMPLES=500 (minutes, not seconds).
+DISCONNECTS = int(os.environ.get("PELLUCID_DISCONNECTS", "40"))
+FUZZ_EXAMPLES = int(os.environ.get("PELLUCID_FUZZ_EXAMPLES", "50"))
 
 
 @dataclass
@@ -169,7 +174,12 @@ def test_chat_stream_with_usage(server: Running, client: openai.OpenAI, smollm2:
 
 def test_chat_logprobs(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(
-        model=MODEL, messages=HELLO, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+        model=MODEL,
+        messages=HELLO,
+        max_completion_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
     )
     content = reply.choices[0].logprobs.content
     assert len(content) == 3
@@ -206,6 +216,22 @@ def test_n_choices_with_a_seed_differ_and_repeat(client: openai.OpenAI) -> None:
     first = ask()
     assert first[0] != first[1]
     assert ask() == first
+
+
+def test_every_sampling_knob_is_accepted(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=3,
+        temperature=0.7,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        seed=1,
+        stop="\n\n",
+        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True},
+    )
+    assert reply.usage.completion_tokens == 3
 
 
 def test_concurrent_streams_each_equal_the_request_alone(
@@ -330,6 +356,18 @@ def test_full_queue_is_429(server: Running, client: openai.OpenAI) -> None:
     wait_until_idle(server)
 
 
+def test_stopped_engine_is_503_until_restarted(server: Running, client: openai.OpenAI) -> None:
+    server.state.engine.stop()
+    try:
+        with pytest.raises(openai.InternalServerError) as e:
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+        assert e.value.status_code == 503
+        assert httpx.get(server.url + "/health").status_code == 503
+    finally:
+        server.state.engine.start()
+    assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1).choices
+
+
 # --- disconnects ---------------------------------------------------------------------------
 def test_disconnect_mid_stream_frees_the_kv_cache(server: Running) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -356,6 +394,37 @@ def test_disconnect_mid_stream_frees_the_kv_cache(server: Running) -> None:
     wait_until_idle(server)  # closing the stream aborted the request
 
 
+def drop_one(server: Running, i: int) -> None:
+    """Leave request i at a random point: before the first token, mid-stream, or while waiting
+    for a whole answer; some ask for two choices."""
+    rng = random.Random(i)
+    kind = rng.choice(["early", "stream", "whole"])
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Tell me a story #{i}"}],
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "n": rng.choice([1, 2]),
+        "stream": kind != "whole",
+    }
+    url, headers = server.url + "/v1/chat/completions", {"Authorization": f"Bearer {KEY}"}
+    if kind == "whole":
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url, json=body, headers=headers, timeout=rng.uniform(0.05, 1.5))
+        return
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(0 if kind == "early" else rng.randint(1, 12)):
+            next(lines)
+
+
+def test_random_disconnects_leave_no_kv_blocks_in_use(server: Running) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: drop_one(server, i), range(DISCONNECTS)))
+    wait_until_idle(server)
+    assert metric(server, "num_requests_waiting") == 0
+
+
 def test_disconnect_while_waiting_for_a_whole_answer_frees_the_kv_cache(server: Running) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": MODEL, "messages": HELLO, "max_tokens": 500, "ignore_eos": True}
@@ -376,7 +445,7 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error() -> None:
 
             @given(case=schema.as_strategy(generation_mode=mode))
             @settings(
-                max_examples=50,
+                max_examples=FUZZ_EXAMPLES,
                 deadline=None,
                 database=None,
                 derandomize=True,
