@@ -124,6 +124,10 @@ class AsyncEngine:
         if self._thread is not None and self._thread.is_alive():
             self._commands.put(None)
             self._thread.join(timeout)
+        # Requests queued after the stop command would wait forever: answer them.
+        for command in self._take_commands(block=False):
+            if isinstance(command, _Add):
+                self._deliver(command.handle, command.index, EngineDeadError("server stopped"))
 
     @property
     def is_running(self) -> bool:
@@ -158,9 +162,10 @@ class AsyncEngine:
         while True:
             commands = self._take_commands(block=not busy)
             with self.lock:
-                for command in commands or []:
-                    self._apply(command)
-                if commands is None:  # stop: fail whatever is still in flight
+                for command in commands:
+                    if command is not None:
+                        self._apply(command)
+                if None in commands:  # stop: fail whatever is still in flight
                     self._fail_all(EngineDeadError("the server is shutting down"))
                     self.stats = self.engine.stats()
                     return
@@ -169,18 +174,16 @@ class AsyncEngine:
                 busy = self.engine.has_unfinished()
                 self.stats = self.engine.stats()
 
-    def _take_commands(self, block: bool) -> list[_Add | _Abort] | None:
-        """Everything queued now (waiting for one first when idle); None when asked to stop."""
+    def _take_commands(self, block: bool) -> list[_Add | _Abort | None]:
+        """Everything queued up to a stop command (None), waiting for one first when idle."""
         commands = []
         try:
-            item = self._commands.get() if block else self._commands.get_nowait()
-            while True:
-                if item is None:
-                    return None
-                commands.append(item)
-                item = self._commands.get_nowait()
+            commands.append(self._commands.get() if block else self._commands.get_nowait())
+            while commands[-1] is not None:
+                commands.append(self._commands.get_nowait())
         except queue.Empty:
-            return commands
+            pass
+        return commands
 
     def _apply(self, command: _Add | _Abort) -> None:
         handle = command.handle
