@@ -23,7 +23,9 @@ from pellucid.server import completions
 from pellucid.server.errors import APIError, error_body, install_error_handlers
 from pellucid.server.protocol import (
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -57,9 +59,7 @@ def create_app(
 
 
 def _v1_router(state: ServerState) -> APIRouter:
-    async def check_key(
-        creds: Credentials,
-    ) -> None:
+    async def check_key(creds: Credentials) -> None:
         given = creds.credentials if creds is not None else ""
         if not secrets.compare_digest(given.encode(), (state.api_key or "").encode()):
             raise APIError(
@@ -82,17 +82,22 @@ def _v1_router(state: ServerState) -> APIRouter:
         state.check_model(model)
         return _card(state)
 
-    @router.post("/chat/completions", response_model=None)
+    @router.post("/chat/completions", response_model=None, responses=_ok(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
         return await completions.chat(state, body, request)
 
-    @router.post("/completions", response_model=None)
+    @router.post("/completions", response_model=None, responses=_ok(CompletionResponse))
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
         return await completions.text(state, body, request)
 
     return router
+
+
+def _ok(model: type) -> dict[int | str, dict]:
+    """Documents the 200 body in /openapi.json: the object, or with `stream` SSE chunks."""
+    return {200: {"model": model, "description": "the completion; with stream: text/event-stream"}}
 
 
 def _card(state: ServerState) -> ModelCard:
