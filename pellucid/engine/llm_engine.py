@@ -23,6 +23,7 @@ from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
+from pellucid.trace.recorder import Recorder
 
 
 class LLMEngine:
@@ -53,6 +54,10 @@ class LLMEngine:
         seq = Sequence(
             prompt_ids, params, self.tokenizer, self.model.cfg.vocab_size, self.max_model_len
         )
+        options = params.trace_options
+        if options is not None:
+            seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model,
+                                 self.pool)
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -76,8 +81,12 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         start = time.perf_counter()
         token_ids = self.model_runner.run(batch)
-        self._count_time(batch, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        self._count_time(batch, elapsed)
         self.scheduler.postprocess(batch)
+        for it in batch.items:
+            if it.seq.trace is not None:
+                it.seq.trace.end_step(it, elapsed, batch, self.pool)
         outputs = []
         for seq, token_id in zip(batch.sampling, token_ids):
             delta = seq.append(token_id)

@@ -16,6 +16,7 @@ from pellucid.engine.sampler import SamplerOutput, sample
 from pellucid.engine.scheduler import Batch
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
+from pellucid.trace.recorder import after_forward, before_forward, traced_items
 
 
 class ModelRunner:
@@ -27,16 +28,22 @@ class ModelRunner:
     def run(self, batch: Batch) -> list[int]:
         """One forward pass over the batch; returns a token for each of `batch.sampling`."""
         ids, positions, ctx, last_rows = self.prepare(batch)
+        traced = traced_items(batch)  # [] unless a request asked for a trace
+        if traced:
+            before_forward(ctx, traced)
         hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
-        if not last_rows:
-            return []
-        logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
-        seqs = batch.sampling
-        out = sample(logits, [s.sampler_state for s in seqs])
-        token_ids = out.token_ids.tolist()
-        for row, seq in enumerate(seqs):
-            if seq.logprobs is not None:
-                seq.logprobs.append(_token_logprob(out, row, token_ids[row], seq.params.logprobs))
+        logits, token_ids = None, []
+        if last_rows:
+            logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
+            seqs = batch.sampling
+            out = sample(logits, [s.sampler_state for s in seqs])
+            token_ids = out.token_ids.tolist()
+            for row, seq in enumerate(seqs):
+                if seq.logprobs is not None:
+                    seq.logprobs.append(
+                        _token_logprob(out, row, token_ids[row], seq.params.logprobs))
+        if traced:
+            after_forward(self.model, ctx, traced, logits, token_ids)
         return token_ids
 
     def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:

@@ -78,6 +78,35 @@ def sample(logits: Tensor, states: Sequence[SamplerState]) -> SamplerOutput:
     return _with_logprobs(raw, token_ids, params)
 
 
+def sampling_stages(logits: Tensor, state: SamplerState) -> list[tuple[str, Tensor]]:
+    """One row's logits (V,) after each stage of `sample`, in its order, for a traced request.
+
+    Re-runs the same mask functions on that row alone, so `sample` (the hot path) is untouched.
+    Every stage is listed even when its setting is off, so traces of all requests line up.
+    """
+    p = state.params
+    x = logits.float()[None]  # (1, V)
+    stages = [("raw", x)]
+    if p.has_penalties:
+        x = _penalize(x, [state])
+    stages.append(("penalties", x))
+    if p.is_greedy:  # argmax of the penalized logits; temperature and filters never run
+        stages.append(("greedy", x.masked_fill(x < x.max(), NEG_INF)))
+        return [(name, t[0]) for name, t in stages]
+    x = apply_temperature(x, _row_values([p.temperature], x))
+    stages.append(("temperature", x))
+    if p.top_k > 0:
+        x = top_k_mask(x, torch.tensor([p.top_k], device=x.device), p.top_k)
+    stages.append(("top-k", x))
+    if p.top_p < 1.0:
+        x = top_p_mask(x, _row_values([p.top_p], x))
+    stages.append(("top-p", x))
+    if p.min_p > 0.0:
+        x = min_p_mask(x, _row_values([p.min_p], x))
+    stages.append(("min-p", x))
+    return [(name, t[0]) for name, t in stages]
+
+
 def apply_penalties(logits: Tensor, seen: Tensor, counts: Tensor, repetition: Tensor,
                     presence: Tensor, frequency: Tensor) -> Tensor:
     """Penalize tokens a sequence has already produced.

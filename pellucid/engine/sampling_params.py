@@ -7,6 +7,32 @@ and never inside a decode step.
 import math
 from dataclasses import dataclass, field
 
+
+@dataclass(slots=True)
+class TraceOptions:
+    """What a traced request records beyond tokens, timings, sampling stages and KV use.
+
+    Attention and the logit lens cost extra work in the steps this request shares with others
+    (explicit attention probabilities at the chosen layers; one LM-head pass per layer), so they
+    are asked for separately.
+    """
+
+    top_k: int = 5  # alternatives kept after each sampling stage
+    attention_layers: list[int] = field(default_factory=list)  # layers whose weights are kept
+    attention_heads: list[int] | None = None  # None: every head of those layers
+    logit_lens: bool = False  # top tokens read from every layer through the final norm + LM head
+    lens_top_k: int = 3
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.top_k) and self.top_k >= 1,
+                 f"trace top_k must be an integer >= 1, got {self.top_k!r}")
+        _require(_is_int(self.lens_top_k) and self.lens_top_k >= 1,
+                 f"trace lens_top_k must be an integer >= 1, got {self.lens_top_k!r}")
+        for name in ("attention_layers", "attention_heads"):
+            values = getattr(self, name)
+            _require(values is None or all(_is_int(v) and v >= 0 for v in values),
+                     f"trace {name} must be a list of integers >= 0, got {values!r}")
+
 # vLLM's rule: below this temperature a row is decoded greedily. Dividing logits by a smaller
 # number risks float32 overflow, and the distribution is an argmax in all but name anyway.
 GREEDY_TEMPERATURE = 1e-5
@@ -27,7 +53,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None = none; n = chosen token's logprob + n top alternatives
-    trace: bool = False  # reserved for `pellucid explain`
+    trace: bool | TraceOptions = False  # True: record how this request was generated (explain)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +85,15 @@ class SamplingParams:
                  f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
         _require(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
                  f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        _require(isinstance(self.trace, (bool, TraceOptions)),
+                 f"trace must be True, False or a TraceOptions, got {self.trace!r}")
+
+    @property
+    def trace_options(self) -> TraceOptions | None:
+        """None for an untraced request; `trace=True` means the default TraceOptions."""
+        if self.trace is True:
+            return TraceOptions()
+        return self.trace if isinstance(self.trace, TraceOptions) else None
 
     @property
     def is_greedy(self) -> bool:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import itertools
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.stop_strings import StopStringFilter
 from pellucid.tokenizer import IncrementalDetokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from pellucid.trace.recorder import Recorder
 
 _ids = itertools.count()
 
@@ -47,6 +51,7 @@ class Sequence:
         self.sampler_state = SamplerState(params, prompt_ids, vocab_size)
         self.timings = Timings(prompt_tokens=len(prompt_ids))
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.trace: Recorder | None = None  # set by the engine when the request asks for one
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringFilter(params.stop)
         self.text = ""
@@ -82,6 +87,8 @@ class Sequence:
         self.status, self.finish_reason = Status.FINISHED, reason
         tail = "" if self._stops.stopped else self._stops.flush()
         self.text += tail
+        if self.trace is not None:
+            self.trace.finish(self.text, reason)
         return tail
 
     def output(self, delta: str) -> RequestOutput:

@@ -39,7 +39,11 @@ class ForwardContext:
     slot_mapping: Tensor  # (N,) flat pool slot (block * block_size + offset) of each new token
     prefills: list[PrefillSlice]
     decode: DecodeBatch | None
-    # Attention probabilities are kept for these layers (for `explain`): layer -> list of
-    # (rows, probs (heads, q_len, ctx_len)) per sequence.
+    # Attention probabilities are kept for these layers (for traces): layer -> one tensor per
+    # pre-fill slice (1, heads, length, ctx_len) in `prefills` order, then, if there are decode
+    # rows, one (B, heads, 1, max_len) for all of them.
     capture_attention: set[int] = field(default_factory=set)
     attention: dict[int, list[Tensor]] = field(default_factory=dict)
+    # Rows whose hidden state is kept after every layer (for the logit lens); None: none are.
+    capture_hidden_rows: Tensor | None = None
+    layer_hidden: list[Tensor] = field(default_factory=list)  # per layer (len(rows), dim)

@@ -75,6 +75,8 @@ class LlamaModel(nn.Module):
             if key not in tables:
                 tables[key] = self.rope_tables(positions, i)
             x = layer(x, positions, tables[key], ctx)
+            if ctx is not None and ctx.capture_hidden_rows is not None:  # a traced request
+                ctx.layer_hidden.append(x[0, ctx.capture_hidden_rows])
         return self.norm(x)
 
     def rope_key(self, layer: int) -> int:
