@@ -51,9 +51,8 @@ def completion_prompts(llm: LLM, request: CompletionRequest) -> list[Prompt]:
     if request.suffix:
         raise bad_request("suffix (fill-in-the-middle) is not supported", "suffix")
     raw = request.prompt
-    items: list[str | list[int]] = [raw] if isinstance(raw, str) else list(raw)
-    if raw and isinstance(raw, list) and isinstance(raw[0], int):
-        items = [raw]  # one prompt given as token ids
+    one = isinstance(raw, str) or (raw and isinstance(raw[0], int))  # text, or one list of ids
+    items: list[str | list[int]] = [raw] if one else list(raw)
     if not items:
         raise bad_request(
             "prompt is empty: give a string, a list of strings or token ids", "prompt"
