@@ -1,4 +1,4 @@
-"""The training commands of `pellucid`: data prepare, tokenizer train, train, scale, export.
+"""The training commands of `pellucid`: data prepare, tokenizer train, train, scale, sft, export.
 
 pellucid data prepare shakespeare --tokenizer char --out data/shakespeare_char
 pellucid train --data data/shakespeare_char --out runs/baby          # nanoGPT's baby GPT size
@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 
 def add_training_commands(commands: Any) -> None:
-    """Add `data`, `tokenizer`, `train`, `scale` and `export` to the `pellucid` sub-command parser."""
+    """Add `data`, `tokenizer`, `train`, `scale`, `sft` and `export` to the `pellucid` sub-command parser."""
     data = commands.add_parser("data", help="prepare token shards for training")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prep = data_commands.add_parser(
@@ -61,6 +61,19 @@ def add_training_commands(commands: Any) -> None:
     scale.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     scale.add_argument("--threads", type=int)
     scale.set_defaults(run=run_scale)
+
+    sft = commands.add_parser("sft", help="fine-tune a chat model on chat JSONL (LoRA or full)")
+    sft.add_argument("--model", default="smollm2-135m", help="catalog name, GGUF file or HF folder")
+    sft.add_argument("--data", required=True, help='JSONL, one {"messages": [...]} per line')
+    sft.add_argument("--out", required=True, help="the fine-tuned model's HF folder")
+    sft.add_argument("--lora-rank", type=int, default=8, help="0: full fine-tuning")
+    sft.add_argument("--lora-alpha", type=float, default=16.0)
+    sft.add_argument("--epochs", type=int, default=3)
+    sft.add_argument("--batch-size", type=int, default=4)
+    sft.add_argument("--lr", type=float, help="default 1e-3 with LoRA, 3e-5 full")
+    sft.add_argument("--max-len", type=int, default=512)
+    sft.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    sft.set_defaults(run=run_sft)
 
     export = commands.add_parser("export", help="training run -> Hugging Face model folder")
     export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
@@ -163,6 +176,26 @@ def run_scale(args: argparse.Namespace) -> int:
     law = scale.fit_power_law(runs)
     print(scale.report(runs, law, args.out))
     print(f"{args.out}/scale.png, {args.out}/scale.json")
+    return 0
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    from pellucid.train.sft import SFTConfig, fine_tune
+
+    cfg = SFTConfig(
+        model=args.model,
+        data=args.data,
+        out=args.out,
+        lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_len=args.max_len,
+        dtype=args.dtype,
+    )
+    folder = fine_tune(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"{folder}  (pellucid chat --model {folder})")
     return 0
 
 
