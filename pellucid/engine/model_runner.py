@@ -43,7 +43,7 @@ class ModelRunner:
                     seq.logprobs.append(
                         _token_logprob(out, row, token_ids[row], seq.params.logprobs))
         if traced:
-            after_forward(self.model, ctx, traced, logits, token_ids)
+            after_forward(ctx, traced, logits, token_ids)
         return token_ids
 
     def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:

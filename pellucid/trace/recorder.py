@@ -2,12 +2,14 @@
 
     ModelRunner.run:   traced = traced_items(batch)        # [] when nobody asked: nothing else runs
                        before_forward(ctx, traced)          # ask attention / hidden-state capture
-                       after_forward(model, ctx, traced, logits, token_ids)   # stages, lens, maps
-    LLMEngine.step:    seq.trace.end_step(item, seconds, batch, pool)         # timings, KV use
+                       after_forward(ctx, traced, logits, token_ids)   # keep a few tensors
+    LLMEngine.step:    seq.trace.end_step(item, seconds, batch, pool)  # timings, KV use
+    seq.trace.trace    # the records; stages, logit lens and attention lists are worked out here
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, fields
 
@@ -38,26 +40,30 @@ from pellucid.trace.records import (
 
 
 @dataclass(slots=True)
-class _Pending:
-    """What the forward pass showed about the token sampled this step, until its time is known."""
+class _Raw:
+    """What a forward pass left about one sampled token, turned into records when first read."""
 
-    token: Candidate
-    logprob: float
-    stages: list[Stage]
-    lens: list[LensLayer]
+    logits: Tensor  # (V,) the raw logits row
+    state: SamplerState  # params and penalty history as they were when it was sampled
+    hidden: Tensor | None  # (layers, dim) after each layer, for the logit lens
 
 
 class Recorder:
-    """One request's trace in the making; the engine keeps it on the Sequence as `seq.trace`."""
+    """One request's trace in the making; the engine keeps it on the Sequence as `seq.trace`.
+
+    During a step it only keeps tensors (a logits row, hidden states, attention rows): the
+    analysis (sampling stages, logit lens, lists of floats) waits until `.trace` is read, so
+    requests sharing the step are not kept waiting for it.
+    """
 
     def __init__(self, options: TraceOptions, params: SamplingParams, prompt_ids: list[int],
                  tokenizer: Tokenizer, model: LlamaModel, pool: KVCachePool, name: str = ""):
         cfg = model.cfg
         _check_options(options, cfg.n_layers, cfg.n_heads)
-        self.options, self.tokenizer = options, tokenizer
+        self.options, self.tokenizer, self.model = options, tokenizer, model
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
-        self.trace = Trace(
+        self._trace = Trace(
             model=ModelInfo(name, cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                             cfg.head_dim, cfg.dim, cfg.vocab_size, _weight_bytes(model), cfg.scale),
             sampling={f.name: getattr(params, f.name) for f in fields(params) if f.name != "trace"},
@@ -71,14 +77,26 @@ class Recorder:
                                                          for _ in self.heads])
                        for layer in sorted(set(options.attention_layers))],
         )
-        self.sampling = params
-        self._pending: _Pending | None = None
+        self._pending: tuple[int, _Raw] | None = None  # this step's token, until end_step
+        self._raw: dict[int, _Raw] = {}  # step index -> its tensors, until read
+        self._attention: list[tuple[int, int, Tensor]] = []  # (layer, first position, probs)
         self._capture_s = 0.0  # recording time inside this step's forward, to leave out of it
+
+    @property
+    def trace(self) -> Trace:
+        """The records so far, with every step's tensors analysed."""
+        for index, raw in self._raw.items():
+            self._analyse(self._trace.steps[index], raw)
+        self._raw.clear()
+        for layer, first_pos, probs in self._attention:
+            self._fill_attention(self._trace.attention_for(layer), first_pos, probs)
+        self._attention.clear()
+        return self._trace
 
     # --- hooks ----------------------------------------------------------------------------
     def end_step(self, it: ScheduledSeq, seconds: float, batch: Batch, pool: KVCachePool) -> None:
         """After a step's forward (before its token is appended): charge the time, note KV use."""
-        seq, trace = it.seq, self.trace
+        seq, trace = it.seq, self._trace
         seconds = max(seconds - self._capture_s, 0.0)
         start = seq.num_computed - it.n_tokens  # the scheduler has counted this step already
         if not seq.output_ids:  # still pre-filling (a preempted sequence recomputes as decode)
@@ -87,47 +105,52 @@ class Recorder:
             batch_tokens = sum(i.n_tokens for i in batch.items)
             trace.prefill.chunks.append(PrefillChunk(start, it.n_tokens, seconds, batch_tokens))
         if it.samples and self._pending is not None:
-            p = self._pending
+            token_id, raw = self._pending
             moved = trace.model.weight_bytes + pool.bytes_per_token * sum(
                 i.seq.num_computed + i.n_tokens for i in batch.items)  # K/V read + written
-            trace.steps.append(Step(len(trace.steps), p.token, p.logprob, p.stages, p.lens,
-                                    seconds, len(batch.items), seq.num_computed,
-                                    len(seq.block_table), moved, self._capture_s))
+            token = Candidate(token_id, self.tokenizer.id_to_piece(token_id), 0.0)
+            trace.steps.append(Step(len(trace.steps), token, 0.0, [], [], seconds,
+                                    len(batch.items), seq.num_computed, len(seq.block_table),
+                                    moved, self._capture_s))
+            self._raw[len(trace.steps) - 1] = raw
         self._pending, self._capture_s = None, 0.0
 
     def finish(self, text: str, reason: str | None) -> None:
-        self.trace.output_text, self.trace.finish_reason = text, reason
+        self._trace.output_text, self._trace.finish_reason = text, reason
 
-    # --- what one forward pass showed -----------------------------------------------------
-    def capture_attention(self, layer_probs: dict[int, Tensor], first_pos: int) -> None:
-        """layer -> probs (heads, q_len, ctx) for this request's queries at first_pos onwards."""
-        T = self.trace.prefill.prompt_tokens
-        for amap in self.trace.attention:
-            probs = layer_probs[amap.layer][self.heads]  # (h, q_len, ctx)
-            for q in range(probs.shape[1]):
-                pos = first_pos + q
-                if pos < T:
-                    for h, row in enumerate(probs[:, q, :T].tolist()):
-                        amap.prompt[h][pos] = row
-                elif pos - T == len(amap.steps):  # the query row of a decode step
-                    amap.steps.append(probs[:, q, : pos + 1].tolist())
+    def keep_attention(self, layer_probs: dict[int, Tensor], first_pos: int) -> None:
+        """layer -> probs (heads, q_len, ctx) of this request's queries from first_pos on."""
+        for layer, probs in layer_probs.items():
+            if self._trace.attention_for(layer) is not None:
+                self._attention.append((layer, first_pos, probs[self.heads]))  # a copy
 
-    def capture_token(self, logits: Tensor, token_id: int, state: SamplerState,
-                      model: LlamaModel, hidden: Tensor | None) -> None:
-        """The sampled token: its stages from raw logits (V,) and, with hidden (layers, dim),
-        the logit lens."""
-        staged = sampling_stages(logits, state)
-        stages = [self._stage(name, x) for name, x in staged]
-        final = torch.softmax(staged[-1][1], -1)[token_id]  # the distribution it was drawn from
-        logprob = float(torch.log_softmax(logits.float(), -1)[token_id])
-        lens = []
-        if hidden is not None:
-            probs = torch.softmax(model.compute_logits(model.norm(hidden)), -1)  # (layers, V)
-            top = probs.topk(self.options.lens_top_k, dim=-1)
-            lens = [LensLayer(layer, self._candidates(ids, ps))
-                    for layer, (ids, ps) in enumerate(zip(top.indices, top.values))]
-        piece = self.tokenizer.id_to_piece(token_id)
-        self._pending = _Pending(Candidate(token_id, piece, float(final)), logprob, stages, lens)
+    def keep_token(self, logits: Tensor, token_id: int, state: SamplerState,
+                   hidden: Tensor | None) -> None:
+        """The sampled token with its raw logits row (V,) and maybe hidden states (layers, dim)."""
+        self._pending = (token_id, _Raw(logits.clone(), _snapshot(state), hidden))
+
+    # --- analysis, when the trace is read -------------------------------------------------
+    def _analyse(self, step: Step, raw: _Raw) -> None:
+        staged = sampling_stages(raw.logits, raw.state)
+        step.stages = [self._stage(name, x) for name, x in staged]
+        step.token.prob = float(torch.softmax(staged[-1][1], -1)[step.token.id])  # drawn from
+        step.logprob = float(torch.log_softmax(raw.logits, -1)[step.token.id])
+        if raw.hidden is not None:
+            with torch.inference_mode():
+                logits = self.model.compute_logits(self.model.norm(raw.hidden))  # (layers, V)
+            top = torch.softmax(logits, -1).topk(self.options.lens_top_k, dim=-1)
+            step.lens = [LensLayer(layer, self._candidates(ids, ps))
+                         for layer, (ids, ps) in enumerate(zip(top.indices, top.values))]
+
+    def _fill_attention(self, amap: AttentionMap, first_pos: int, probs: Tensor) -> None:
+        T = self._trace.prefill.prompt_tokens
+        for q in range(probs.shape[1]):
+            pos = first_pos + q
+            if pos < T:
+                for h, row in enumerate(probs[:, q, :T].tolist()):
+                    amap.prompt[h][pos] = row
+            elif pos - T == len(amap.steps):  # the query row of a decode step
+                amap.steps.append(probs[:, q, : pos + 1].tolist())
 
     def _stage(self, name: str, logits: Tensor) -> Stage:
         probs = torch.softmax(logits, -1)
@@ -177,22 +200,22 @@ def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
         ctx.capture_hidden_rows = torch.tensor(rows)
 
 
-def after_forward(model: LlamaModel, ctx: ForwardContext, traced: list[TracedItem],
-                  logits: Tensor | None, token_ids: list[int]) -> None:
+def after_forward(ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None,
+                  token_ids: list[int]) -> None:
     """Hand each traced sequence what this forward showed about it; time it, to leave it out."""
     start = time.perf_counter()
     lens_row = 0
     for t in traced:
         seq, rec = t.item.seq, t.item.seq.trace
-        if rec.trace.attention:
-            rec.capture_attention(_attention_of(ctx, t), seq.num_computed)
+        if rec.options.attention_layers:
+            rec.keep_attention(_attention_of(ctx, t), seq.num_computed)
         if t.sample_row is not None and logits is not None:
             hidden = None
             if rec.options.logit_lens:
                 hidden = torch.stack([h[lens_row] for h in ctx.layer_hidden])  # (layers, dim)
                 lens_row += 1
-            rec.capture_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state,
-                              model, hidden)
+            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state,
+                           hidden)
     elapsed = time.perf_counter() - start
     for t in traced:
         t.item.seq.trace._capture_s = elapsed
@@ -209,6 +232,14 @@ def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
             n = int(ctx.decode.ctx_lens[t.decode_index])
             out[layer] = kept[len(ctx.prefills)][t.decode_index, :, :, :n]  # (heads, 1, n)
     return out
+
+
+def _snapshot(state: SamplerState) -> SamplerState:
+    """The state as it is now: penalty history is copied, as later tokens will change it."""
+    snap = copy.copy(state)
+    if state.seen is not None and state.counts is not None:
+        snap.seen, snap.counts = state.seen.clone(), state.counts.clone()
+    return snap
 
 
 def _weight_bytes(model: LlamaModel) -> int:
