@@ -342,3 +342,40 @@ def test_bpe_tokenizer_trains_loads_and_feeds_training(tmp_path: Path):
         tiny_config(tmp_path / "data", tmp_path / "run", max_iters=3), verbose=False
     ).run()
     assert len(result.train_losses) == 3
+
+
+# char/byte vocabularies export too, but have no merges, and pellucid's GGUF tokenizer reader
+# (pellucid/tokenizer/gguf_vocab.py) rejects a 'gpt2' vocabulary without merges.
+@pytest.mark.parametrize("tokenizer", ["bpe"])
+def test_gguf_export_serves_the_trained_weights(tmp_path: Path, tokenizer: str):
+    from pellucid import LLM
+    from pellucid.cli import main
+    from pellucid.train.export import export_checkpoint
+
+    text = tiny_text(3000)
+    (tmp_path / "t.txt").write_text(text)
+    if tokenizer == "bpe":
+        main(
+            [
+                "tokenizer",
+                "train",
+                str(tmp_path / "t.txt"),
+                "--vocab-size",
+                "300",
+                "--out",
+                str(tmp_path / "bpe"),
+            ]
+        )
+        tokenizer = str(tmp_path / "bpe")
+    prepare([str(tmp_path / "t.txt")], tokenizer, tmp_path / "data")
+    trainer = Trainer(tiny_config(tmp_path / "data", tmp_path / "run", max_iters=5), verbose=False)
+    trainer.run()
+    path = export_checkpoint(tmp_path / "run", tmp_path / "model.gguf")
+    llm = LLM(path)
+    ids = llm.encode("The king and the queen")
+    assert ids == LLM(export_checkpoint(tmp_path / "run", tmp_path / "hf")).encode(
+        "The king and the queen"
+    )
+    with torch.no_grad():
+        ours = trainer.model.eval()(torch.tensor([ids]))[0]
+    torch.testing.assert_close(llm.logits(ids), ours, rtol=1e-5, atol=1e-5)

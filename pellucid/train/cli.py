@@ -75,7 +75,7 @@ def add_training_commands(commands: Any) -> None:
     sft.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     sft.set_defaults(run=run_sft)
 
-    export = commands.add_parser("export", help="training run -> Hugging Face model folder")
+    export = commands.add_parser("export", help="training run -> HF model folder or .gguf file")
     export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     export.add_argument("--out", required=True, type=Path)
     export.set_defaults(run=run_export)
@@ -202,6 +202,11 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from pellucid.train.export import export_checkpoint
 
-    folder = export_checkpoint(args.run_dir, args.out)
-    print(f"{folder}: config.json, model.safetensors, tokenizer.json")
+    path = export_checkpoint(args.run_dir, args.out)
+    kind = (
+        "GGUF, float32"
+        if path.suffix == ".gguf"
+        else "config.json, model.safetensors, tokenizer.json"
+    )
+    print(f'{path}: {kind}  (pellucid generate "..." --model {path})')
     return 0

@@ -5,7 +5,7 @@ reads it too. Tensor names are HF's (`model.layers.0.self_attn.q_proj.weight`): 
 names are HF's without the `model.` prefix, and RoPE uses HF's rotate-half layout, so no
 permutation is needed.
 
-    pellucid export runs/baby --out models/baby
+    pellucid export runs/baby --out models/baby          # or --out models/baby.gguf
 """
 
 from __future__ import annotations
@@ -79,9 +79,14 @@ def export_hf(model: LlamaModel, tokenizer_folder: Path, out: Path) -> Path:
 
 
 def export_checkpoint(run: Path, out: Path) -> Path:
-    """A training run folder (its ckpt.pt and data folder's tokenizer) -> an HF model folder."""
+    """A training run folder (its ckpt.pt and data folder's tokenizer) -> an HF model folder,
+    or a GGUF file when `out` ends in .gguf."""
     ckpt = load_checkpoint(run)
     cfg = ModelConfig(**ckpt["model_config"])
     model = build_model(cfg)
     model.load_state_dict(ckpt["model"])
+    if out.suffix == ".gguf":
+        from pellucid.train.gguf_export import export_gguf
+
+        return export_gguf(model, Path(ckpt["config"]["data"]), out)
     return export_hf(model, Path(ckpt["config"]["data"]), out)

@@ -1,0 +1,139 @@
+"""Export a trained llama model as a GGUF file (float32) with the `gguf` package's writer.
+
+llama.cpp's layout: tensors named `blk.N.attn_q.weight` etc., Q/K rows permuted for its interleaved
+RoPE (pellucid's loader un-permutes them), and the tokenizer as a 'gpt2' byte-level BPE vocabulary:
+tokens spelled in GPT-2's byte alphabet plus merges. A character-level vocabulary fits that form
+when every character is one byte (ASCII); a byte-level or trained BPE one always does.
+
+    pellucid export runs/baby --out models/baby.gguf
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+from torch import Tensor
+
+from pellucid.models.llama import LlamaModel
+from pellucid.train.char_tokenizer import gpt2_byte_alphabet
+
+NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+GLOBAL = {
+    "embed_tokens.weight": "token_embd.weight",
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type values
+
+
+def gguf_name(ours: str) -> str:
+    """layers.3.self_attn.q_proj.weight -> blk.3.attn_q.weight."""
+    if ours in GLOBAL:
+        return GLOBAL[ours]
+    _, layer, rest = ours.split(".", 2)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{NAMES[module]}.{kind}"
+
+
+def permute_rope(w: Tensor, n_heads: int) -> Tensor:
+    """Rotate-half rows -> llama.cpp's interleaved pairs (its converter's `permute`)."""
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def gguf_vocab(tokenizer_folder: Path) -> tuple[list[str], list[int], list[str], dict]:
+    """(tokens in GPT-2 byte spelling, token types, merges, tokenizer_config) of a saved tokenizer."""
+    spec = json.loads((tokenizer_folder / "tokenizer.json").read_text(encoding="utf-8"))
+    config_path = tokenizer_folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    special = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
+    vocab = {**vocab, **special}
+    byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+    spell = dict(enumerate(gpt2_byte_alphabet()))
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        if byte_level or token in special:
+            tokens[i] = token
+        elif len(token.encode()) == 1:  # a character-level token: spell its byte as GPT-2 does
+            tokens[i] = spell[token.encode()[0]]
+        else:
+            raise ValueError(
+                f"character {token!r} is more than one byte: GGUF's byte-level vocabulary cannot "
+                "hold this character tokenizer; export to an HF folder instead"
+            )
+    types = [CONTROL if t in special else NORMAL for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    return tokens, types, merges, config
+
+
+def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
+    cfg = model.cfg
+    if cfg.arch != "llama":
+        raise ValueError(f"GGUF export writes llama models; this one is {cfg.arch}")
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(path.stem)
+    writer.add_context_length(cfg.context_length)
+    writer.add_embedding_length(cfg.dim)
+    writer.add_block_count(cfg.n_layers)
+    writer.add_feed_forward_length(cfg.ffn_dim)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.n_kv_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_tokenizer(writer, tokenizer_folder)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_embeddings:
+            continue  # llama.cpp reuses token_embd when output.weight is absent
+        t = t.detach().float()
+        if name.endswith("q_proj.weight"):
+            t = permute_rope(t, cfg.n_heads)
+        elif name.endswith("k_proj.weight"):
+            t = permute_rope(t, cfg.n_kv_heads)
+        writer.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path) -> None:
+    tokens, types, merges, config = gguf_vocab(folder)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_add_bos_token(False)
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+    ):
+        if config.get(key) in tokens:
+            add(tokens.index(config[key]))
+    if config.get("chat_template"):
+        writer.add_chat_template(config["chat_template"])
