@@ -4,6 +4,7 @@
     pellucid chat
     pellucid tokenize "Hello world" --json
     pellucid models
+    pellucid explain "The capital of India is" --compare-no-cache --html report.html
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the models available locally")
     models.set_defaults(run=run_models)
+    add_explain_command(commands)
     add_training_commands(commands)  # data prepare, train, export
     return parser
 
@@ -208,4 +210,55 @@ def run_serve(args: argparse.Namespace) -> int:
           f"{' (API key required)' if api_key else ''}", file=sys.stderr)
     # Streams still open at Ctrl-C get 10 s to finish; then they are cancelled (and aborted).
     uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=10)
+    return 0
+
+
+def add_explain_command(commands: argparse._SubParsersAction) -> None:
+    ex = commands.add_parser("explain", help="walk through how the model generates an answer")
+    ex.add_argument("prompt")
+    ex.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    add_model_args(ex)
+    add_sampling_args(ex)
+    ex.set_defaults(max_tokens=16, seed=0, run=run_explain)  # short and reproducible
+    ex.add_argument("--layer", type=int, help="attention layer to show (default: picked)")
+    ex.add_argument("--head", type=int, help="attention head to show (default: picked)")
+    ex.add_argument("--focus", help="prompt word whose attention is described (default: last)")
+    ex.add_argument("--compare-no-cache", action="store_true",
+                    help="generate again without the KV cache and report the slowdown")
+    ex.add_argument("--training", action="store_true",
+                    help="a few gradient steps on a sentence, on a copy of the weights")
+    ex.add_argument("--train-text", default="The capital of India is New Delhi.",
+                    help="the sentence --training learns")
+    ex.add_argument("--html", metavar="FILE", help="write one self-contained interactive page")
+    ex.add_argument("--png", metavar="DIR", help="write plots (attention, timing, KV, odds)")
+    ex.add_argument("--json", metavar="FILE", help="write the trace records as JSON")
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from pellucid.trace.explain import explain
+    from pellucid.trace.terminal import render
+
+    params = sampling_params(args)
+    llm = load(args)
+    ex = explain(llm, args.prompt, params, layer=args.layer, head=args.head, focus=args.focus,
+                 chat=args.chat, compare_no_cache=args.compare_no_cache,
+                 training=args.training, train_text=args.train_text)
+    render(ex, Console())
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(ex.to_dict(), ensure_ascii=False))
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.html:
+        from pellucid.trace.html import write_html
+
+        print(f"wrote {write_html(ex, args.html)}", file=sys.stderr)
+    if args.png:
+        from pellucid.trace.plots import write_plots
+
+        for path in write_plots(ex, args.png):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
