@@ -7,6 +7,7 @@ forward hooks on a plain full forward; the logit lens at the last layer against 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -140,3 +141,115 @@ def test_bad_trace_options_fail_when_the_request_is_added(smollm2):
             trace=TraceOptions(attention_layers=[99])))
     with pytest.raises(ValueError, match="trace"):
         SamplingParams(trace="yes")
+
+
+# --- through the HTTP API -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def api(smollm2):
+    from fastapi.testclient import TestClient
+
+    from pellucid.server import create_app
+
+    with TestClient(create_app(smollm2, model_name="smollm2-135m")) as client:
+        yield client
+
+
+def test_api_trace_in_the_extension_field_openai_clients_ignore(api):
+    import openai
+
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=api)
+    reply = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, extra_body={"trace": {"attention_layers": [1], "logit_lens": True}})
+    assert reply.choices[0].message.content  # an ordinary response for an ordinary client
+    trace = reply.model_extra["pellucid"]["traces"]["0"]
+    assert [s["token"]["piece"] for s in trace["steps"]] != []
+    assert len(trace["steps"]) == reply.usage.completion_tokens
+    assert trace["attention"][0]["layer"] == 1 and len(trace["steps"][0]["lens"]) == 30
+    plain = api.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).json()
+    assert "traces" not in plain["pellucid"]  # untraced requests carry no trace
+
+
+def test_api_rejects_a_trace_of_layers_the_model_lacks(api):
+    r = api.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2,
+                                          "trace": {"attention_layers": [30]}})
+    assert r.status_code == 400 and "attention_layers" in r.json()["error"]["message"]
+
+
+def test_api_tokenize_and_detokenize(api):
+    r = api.post("/v1/tokenize", json={"prompt": "The bank is near the river"}).json()
+    assert r["tokens"] == [504, 5461, 314, 2141, 260, 4626] and r["count"] == 6
+    assert r["pieces"][1] == " bank" and r["max_model_len"] > 6
+    back = api.post("/v1/detokenize", json={"tokens": r["tokens"]}).json()
+    assert back == {"prompt": "The bank is near the river"}
+    bad = api.post("/v1/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+
+
+def test_api_stream_ends_with_the_trace(api):
+    body = {"prompt": "Hi", "max_tokens": 3, "stream": True, "trace": True}
+    with api.stream("POST", "/v1/completions", json=body) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and len(last["pellucid"]["traces"]["0"]["steps"]) == 3
+
+
+# --- the web view, in headless Chromium -----------------------------------------------------
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def live_server(smollm2):
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from pellucid.server import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(smollm2, model_name="smollm2-135m"),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_web_view_streams_tokens_and_shows_alternatives(live_server, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(live_server + "/")
+            page.fill("#prompt", "What is the capital of France?")
+            page.click("#send")
+            page.wait_for_selector(".msg.assistant .tok", timeout=120_000)  # the first token
+            page.wait_for_function("document.querySelector('#status').textContent.endsWith("
+                                   "'tokens')", timeout=300_000)
+            n_tokens = page.locator(".msg.assistant .tok").count()
+            assert n_tokens >= 2
+            # Streamed: one SSE event per token (plus role, finish and trace), not one reply.
+            assert page.evaluate("window.sseEvents") >= n_tokens + 2
+            page.locator(".msg.assistant .tok").first.click()
+            alts = page.locator("#alternatives table.alts tr")
+            assert alts.count() == 5  # top_logprobs=5
+            assert "%" in page.locator("#alternatives").inner_text()
+            assert "sampling stages" in page.locator("#alternatives").inner_text()
+            assert page.locator("#attention td.cell").count() > 0
+            assert page.locator("#timeline rect").count() == n_tokens  # pre-fill + decodes
+            page.screenshot(path=str(tmp_path / "web.png"), full_page=True)
+            assert errors == []
+        finally:
+            browser.close()

@@ -3,7 +3,8 @@
     app = create_app(LLM("smollm2-135m"), api_key="secret", model_name="smollm2-135m")
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: pellucid serve
 
-Routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics.
+Routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/tokenize, /v1/detokenize,
+/health, /metrics, and / (the web view: chat with its tokens, attention, timeline, KV cache).
 """
 
 from __future__ import annotations
@@ -14,23 +15,28 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pellucid.llm import LLM
 from pellucid.server import completions
-from pellucid.server.errors import APIError, error_body, install_error_handlers
+from pellucid.server.errors import APIError, bad_request, error_body, install_error_handlers
 from pellucid.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from pellucid.server.state import ServerState
+from pellucid.trace import html
 
 # Module level: FastAPI resolves the (string) annotations of dependencies in module globals.
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
@@ -92,6 +98,24 @@ def _v1_router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         return await completions.text(state, body, request)
 
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        state.check_model(body.model)
+        tok = state.llm.tokenizer
+        ids = tok.encode(body.prompt, add_special=body.add_special_tokens, parse_special=True)
+        return TokenizeResponse(count=len(ids), max_model_len=state.llm.engine.max_model_len,
+                                tokens=ids, pieces=[tok.id_to_piece(i) for i in ids])
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        state.check_model(body.model)
+        vocab = state.llm.model.cfg.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"tokens {bad[:5]} are outside the vocabulary (0..{vocab - 1})",
+                              "tokens")
+        return DetokenizeResponse(prompt=state.llm.tokenizer.decode(body.tokens))
+
     return router
 
 
@@ -112,6 +136,11 @@ def _add_monitoring_routes(app: FastAPI, state: ServerState) -> None:
         if not state.engine.is_running:
             return JSONResponse(error_body("the engine thread is not running", "server_error"), 503)
         return JSONResponse({"status": "ok"})
+
+    @app.get("/", response_class=HTMLResponse)
+    async def web_view() -> HTMLResponse:
+        cfg = state.llm.model.cfg
+        return HTMLResponse(html.web_view(state.model_name, cfg.n_layers, cfg.n_heads))
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:

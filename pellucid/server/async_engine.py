@@ -21,6 +21,7 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.server.metrics import ServerMetrics
+from pellucid.trace.recorder import Recorder
 
 log = logging.getLogger("pellucid.server")
 
@@ -64,6 +65,7 @@ class RequestHandle:
         # Touched by the engine thread only:
         self.request_ids: dict[int, int] = {}  # choice index -> engine request id
         self.sent_logprobs: dict[int, int] = {}
+        self.traces: dict[int, Recorder] = {}  # choice index -> its trace, when asked for
 
     async def __aenter__(self) -> Self:
         return self
@@ -199,6 +201,8 @@ class AsyncEngine:
             return
         handle.request_ids[command.index] = seq.request_id
         handle.sent_logprobs[command.index] = 0
+        if seq.trace is not None:
+            handle.traces[command.index] = seq.trace
         self._owners[seq.request_id] = (handle, command.index)
 
     def _step(self) -> None:

@@ -86,7 +86,7 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
             model=state.model_name,
             choices=choices,
             usage=R.usage(len(prompt.ids), used),
-            pellucid=R.timings(list(finals.values())),
+            pellucid=R.timings(list(finals.values())) | R.traces(handle.traces),
         ).model_dump()
     )
 
@@ -131,6 +131,10 @@ async def _chat_events(
                     usage=R.usage(prompt_tokens, used),
                 )
             )
+        if handle.traces:  # like the usage chunk: no choices, so OpenAI clients skip it
+            yield R.sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                         "model": state.model_name, "choices": [],
+                         "pellucid": R.traces(handle.traces)})
     yield R.SSE_DONE
 
 
@@ -170,7 +174,7 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
             model=state.model_name,
             choices=choices,
             usage=R.usage(sum(len(p.ids) for p in prompts), used),
-            pellucid=R.timings(list(finals.values())),
+            pellucid=R.timings(list(finals.values())) | R.traces(handle.traces),
         ).model_dump()
     )
 
@@ -224,6 +228,10 @@ async def _text_events(
                     usage=R.usage(prompt_tokens, used),
                 )
             )
+        if handle.traces:  # like the usage chunk: no choices, so OpenAI clients skip it
+            yield R.sse({"id": rid, "object": "text_completion", "created": created,
+                         "model": state.model_name, "choices": [],
+                         "pellucid": R.traces(handle.traces)})
     yield R.SSE_DONE
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pellucid.engine.sampling_params import SamplingParams
+from pellucid.engine.sampling_params import SamplingParams, TraceOptions
 from pellucid.errors import PromptError
 from pellucid.llm import LLM
 from pellucid.server.errors import bad_request
@@ -17,7 +17,9 @@ from pellucid.server.protocol import (
     ChatMessage,
     CompletionRequest,
     SamplingRequest,
+    TraceRequest,
 )
+from pellucid.trace.recorder import check_trace_options
 
 
 @dataclass(slots=True)
@@ -130,12 +132,24 @@ def sampling_params(
                     seed=seed,
                     logprobs=logprobs,
                     ignore_eos=request.ignore_eos,
+                    trace=_trace_options(llm, request.trace),
                     **given,
                 )
             )
         except ValueError as e:
             raise bad_request(str(e)) from e
     return params
+
+
+def _trace_options(llm: LLM, trace: bool | TraceRequest) -> bool | TraceOptions:
+    if not isinstance(trace, TraceRequest):
+        return trace
+    try:
+        options = TraceOptions(**trace.model_dump())
+        check_trace_options(options, llm.model.cfg.n_layers, llm.model.cfg.n_heads)
+    except ValueError as e:
+        raise bad_request(str(e), "trace") from e
+    return options
 
 
 def chat_max_tokens(request: ChatCompletionRequest) -> int | None:

@@ -20,6 +20,16 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # one last chunk with `usage` and no choices
 
 
+class TraceRequest(BaseModel):
+    """pellucid's extension: what a trace holds beyond tokens, stage top-k, timings and KV use."""
+
+    top_k: int = Field(5, ge=1, le=50)
+    attention_layers: list[int] = []
+    attention_heads: list[int] | None = None
+    logit_lens: bool = False
+    lens_top_k: int = Field(3, ge=1, le=20)
+
+
 class SamplingRequest(BaseModel):
     """What chat and text completions share: the model and how to pick tokens."""
 
@@ -39,6 +49,9 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     logit_bias: dict[str, float] | None = None  # not supported: refused when not empty
+    # pellucid's extension: record how each choice was generated; the response carries it in
+    # `pellucid.traces` (non-streaming), which OpenAI clients ignore.
+    trace: bool | TraceRequest = False
 
 
 class TextPart(BaseModel):
@@ -190,3 +203,26 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# --- pellucid's tokenizer routes (vLLM's shapes, plus the pieces) ------------------------------
+class TokenizeRequest(BaseModel):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    pieces: list[str]  # each token's text, as `pellucid tokenize` shows it
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

@@ -17,6 +17,7 @@ from pellucid.server.protocol import (
     Usage,
 )
 from pellucid.tokenizer import Tokenizer
+from pellucid.trace.recorder import Recorder
 
 
 def chat_logprobs(tok: Tokenizer, logprobs: list[TokenLogprob]) -> ChatLogprobs:
@@ -93,6 +94,11 @@ def timings(outputs: list[RequestOutput]) -> dict[str, object]:
             for o in outputs
         ]
     }
+
+
+def traces(traces: dict[int, Recorder]) -> dict[str, object]:
+    """The pellucid extension's traces: choice index -> its records (only choices that asked)."""
+    return {"traces": {str(i): r.trace.to_dict() for i, r in sorted(traces.items())}} if traces else {}
 
 
 def finish_reason(out: RequestOutput) -> str | None:

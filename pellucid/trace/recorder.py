@@ -59,7 +59,7 @@ class Recorder:
     def __init__(self, options: TraceOptions, params: SamplingParams, prompt_ids: list[int],
                  tokenizer: Tokenizer, model: LlamaModel, pool: KVCachePool, name: str = ""):
         cfg = model.cfg
-        _check_options(options, cfg.n_layers, cfg.n_heads)
+        check_trace_options(options, cfg.n_layers, cfg.n_heads)
         self.options, self.tokenizer, self.model = options, tokenizer, model
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
@@ -248,7 +248,7 @@ def _weight_bytes(model: LlamaModel) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _check_options(options: TraceOptions, n_layers: int, n_heads: int) -> None:
+def check_trace_options(options: TraceOptions, n_layers: int, n_heads: int) -> None:
     bad = [layer for layer in options.attention_layers if layer >= n_layers]
     if bad:
         raise ValueError(f"trace attention_layers {bad} do not exist: the model has layers "
