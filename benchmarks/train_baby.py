@@ -5,7 +5,7 @@ Trains 4 layers x 4 heads x 128 wide (SwiGLU ffn 344, 0.80M parameters like nano
 characters nanoGPT's run used; prints tokens/s, achieved FLOP/s against a matmul peak measured in
 this run, and the final val loss, next to nanoGPT's measured figures. Last line: one JSON object.
 
-    .venv/bin/python benchmarks/train_baby.py [--iters 2000] [--dtype bfloat16]
+    .venv/bin/python benchmarks/train_baby.py [--iters 2000] [--dtype bfloat16] [--no-compile]
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=None)
+    # torch.compile fuses the small element-wise ops between the matmuls; on this shared 2-core
+    # machine it also avoids eager mode's many OpenMP regions, which stall when cores are busy.
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="pellucid-baby-"))
@@ -84,6 +87,7 @@ def main() -> None:
     report = {
         "model": f"baby-llama-{n_params(model_cfg) / 1e6:.2f}M",
         "dtype": args.dtype,
+        "compile": args.compile,
         "iters": result.step,
         "params": n_params(model_cfg),
         "ffn_dim": model_cfg.ffn_dim,
