@@ -9,6 +9,7 @@ the checkpoint in `cfg.out` and takes bit-for-bit the steps the uninterrupted ru
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -68,6 +69,8 @@ class Trainer:
         self.dist = ddp.init_distributed(cfg.batch_size)
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
+        elif self.dist.world > 1:  # N processes x all cores each would oversubscribe the machine
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.dist.world))
         self.data = TokenData.open(cfg.data)
         self.model_cfg = cfg.model_config(self.data.vocab_size)
         self.model: LlamaModel = build_model(self.model_cfg)  # on the CPU, in float32
