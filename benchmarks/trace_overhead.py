@@ -1,0 +1,87 @@
+"""What tracing one request costs the others: 16 requests decode together, once with none traced
+and once with one traced (`trace=True`); the 15 untraced requests' tokens/s are compared, per
+second of wall time and of CPU time, in back-to-back pairs (median of the paired ratios), plus
+the share of the shared steps the recorder itself took (its own clock, immune to neighbours).
+
+    .venv/bin/python benchmarks/trace_overhead.py [--batch 16] [--tokens 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
+
+from common import save
+
+from pellucid import LLM, SamplingParams
+
+TOPICS = ["the sea", "a city", "music", "the moon", "bread", "rivers", "trains", "winter",
+          "a garden", "books", "the desert", "clocks", "birds", "mountains", "coffee", "rain"]
+
+
+@dataclass
+class Run:
+    wall_tok_s: float  # the untraced requests' tokens per second of wall time
+    cpu_tok_s: float  # ... per second of this process's CPU time (less hurt by busy neighbours)
+    recording_s: float  # time the traced request's recorder spent inside the steps
+    steps_s: float  # time of the steps the traced request was in
+
+
+def run_batch(llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool) -> Run:
+    plain = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
+                           max_tokens=tokens, ignore_eos=True)
+    traced = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
+                            max_tokens=tokens, ignore_eos=True, trace=True)
+    seqs = [llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
+            for i, p in enumerate(prompts)]
+    wall, cpu = time.perf_counter(), time.process_time()
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    done = sum(len(s.output_ids) for s in seqs[1:])
+    steps = seqs[0].trace.trace.steps if trace_one else []
+    return Run(done / wall, done / cpu, sum(s.trace_seconds for s in steps),
+               sum(s.seconds + s.trace_seconds for s in steps))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    llm = LLM(args.model)
+    prompts = [llm.encode(f"Write a short poem about {TOPICS[i % len(TOPICS)]}.")
+               for i in range(args.batch)]
+    run_batch(llm, prompts, args.tokens, False)  # warm-up: both paths, full length
+    run_batch(llm, prompts, args.tokens, True)
+    pairs = []
+    for _ in range(args.repeats):  # back-to-back pairs: a busy moment hits both sides alike
+        pairs.append((run_batch(llm, prompts, args.tokens, False),
+                      run_batch(llm, prompts, args.tokens, True)))
+    wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
+    cpu = 1 - statistics.median(t.cpu_tok_s / p.cpu_tok_s for p, t in pairs)
+    share = sum(t.recording_s for _, t in pairs) / sum(t.steps_s for _, t in pairs)
+    print(f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
+          f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
+          f"took {share:.2%} of the steps the traced request shared")
+    save("trace_overhead", {
+        "model": args.model,
+        "workload": f"{args.batch} requests x {args.tokens} sampled tokens, one traced "
+                    "(trace=True: tokens, stage top-k, timings, KV)",
+        "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
+        "median_paired_cost_wall": round(wall, 4),
+        "median_paired_cost_cpu": round(cpu, 4),
+        "recording_share_of_steps": round(share, 5),
+    })
+
+if __name__ == "__main__":
+    main()
