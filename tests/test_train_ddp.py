@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import tiny_config, tiny_text
 
 from pellucid.train.checkpoint import load_checkpoint
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import prepare
 from pellucid.train.trainer import Trainer
-from tests.test_train import tiny_config, tiny_text
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import tiny_config, tiny_text
 
 from pellucid.train.data import prepare
 from pellucid.train.scale import ScaleRun, fit_power_law, frontier, report, run_sweep
-from tests.test_train import tiny_config, tiny_text
 
 
 def run(name: str, compute: float, loss: float) -> ScaleRun:

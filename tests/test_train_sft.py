@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train import tiny_config, tiny_text
 
 from pellucid import LLM, SamplingParams
 from pellucid.train.data import prepare
@@ -15,7 +16,6 @@ from pellucid.train.export import export_hf
 from pellucid.train.lora import LoRALinear, add_lora, merge_lora
 from pellucid.train.sft import IGNORE, SFTConfig, encode_chat, fine_tune
 from pellucid.train.trainer import Trainer
-from tests.test_train import tiny_config, tiny_text
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
