@@ -124,14 +124,14 @@ def test_sampling_stages_narrow_the_distribution(smollm2):
 
 def test_untraced_neighbours_are_unchanged(smollm2):
     prompts = ["The capital of India is", "Water boils at", "One, two, three,"]
-    plain = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    plain = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     alone = [s.output_ids for s in run(smollm2, prompts, [plain] * 3)]
-    traced = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+    traced = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
                             trace=TraceOptions(attention_layers=[2], logit_lens=True))
     mixed = run(smollm2, prompts, [plain, traced, plain])
     assert [s.output_ids for s in mixed] == alone
     assert mixed[0].trace is None and mixed[1].trace is not None
-    assert len(mixed[1].trace.trace.steps) == 6
+    assert len(mixed[1].trace.trace.steps) == 4
     assert all(s.batch_size == 3 for s in mixed[1].trace.trace.steps)
 
 
