@@ -388,3 +388,16 @@ def test_kjv_corpus_is_read_without_importing_the_package():
     text = corpus_text("kjv")
     assert text.startswith("In the beginning God created the heaven and the earth.")
     assert len(text) > 4_000_000
+
+
+def test_export_needs_only_the_run_folder(tmp_path: Path):
+    from pellucid.train.export import export_checkpoint
+
+    (tmp_path / "t.txt").write_text(tiny_text(2000))
+    prepare([str(tmp_path / "t.txt")], "char", tmp_path / "data")
+    Trainer(tiny_config(tmp_path / "data", tmp_path / "run", max_iters=2), verbose=False).run()
+    (tmp_path / "data").rename(tmp_path / "moved")  # the run keeps its own copy of the tokenizer
+    folder = export_checkpoint(tmp_path / "run", tmp_path / "model")
+    assert (folder / "tokenizer.json").read_bytes() == (
+        tmp_path / "moved" / "tokenizer.json"
+    ).read_bytes()

@@ -159,7 +159,7 @@ def run_train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if not args.no_export:
-            folder = export_hf(trainer.model, Path(cfg.data), Path(cfg.out) / "model")
+            folder = export_hf(trainer.model, Path(cfg.out), Path(cfg.out) / "model")
             print(f'model: {folder}  (pellucid generate "..." --model {folder})', file=sys.stderr)
     return 0
 

@@ -85,8 +85,10 @@ def export_checkpoint(run: Path, out: Path) -> Path:
     cfg = ModelConfig(**ckpt["model_config"])
     model = build_model(cfg)
     model.load_state_dict(ckpt["model"])
+    # the run folder holds a copy of the tokenizer; older runs only name their data folder
+    tokenizer = run if (run / "tokenizer.json").is_file() else Path(ckpt["config"]["data"])
     if out.suffix == ".gguf":
         from pellucid.train.gguf_export import export_gguf
 
-        return export_gguf(model, Path(ckpt["config"]["data"]), out)
-    return export_hf(model, Path(ckpt["config"]["data"]), out)
+        return export_gguf(model, tokenizer, out)
+    return export_hf(model, tokenizer, out)

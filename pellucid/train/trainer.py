@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pellucid.train import ddp
 from pellucid.train.checkpoint import load_checkpoint, save_checkpoint
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import TokenData
+from pellucid.train.export import TOKENIZER_FILES
 from pellucid.train.flops import flops_per_token, matmul_peak, n_params
 from pellucid.train.init import init_weights
 from pellucid.train.plot import plot_losses
@@ -92,6 +94,10 @@ class Trainer:
         self.verbose = verbose and self.dist.is_main
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            # The run folder carries its tokenizer: export keeps working if the data moves.
+            for name in TOKENIZER_FILES:
+                if (Path(cfg.data) / name).is_file():
+                    shutil.copy(Path(cfg.data) / name, self.out / name)
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, stop_at: int | None = None) -> TrainResult:
@@ -209,7 +215,7 @@ class Trainer:
         from pellucid import LLM, SamplingParams
         from pellucid.train.export import export_hf
 
-        folder = export_hf(self.model, Path(self.cfg.data), self.out / "model")
+        folder = export_hf(self.model, self.out, self.out / "model")
         llm = LLM(folder)
         ids = llm.encode(prompt if prompt is not None else self.cfg.sample_prompt)
         limit = self.cfg.block_size - len(ids)
