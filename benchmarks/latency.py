@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 from common import peak_rss_mib, repeat, save  # noqa: E402
 
 from pellucid import LLM, SamplingParams  # noqa: E402
+from pellucid.config import EngineConfig  # noqa: E402
 
 
 def main() -> None:
@@ -28,7 +29,8 @@ def main() -> None:
     args = ap.parse_args()
 
     start = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype)
+    # No prefix caching: every repeat must pre-fill the same prompt from scratch.
+    llm = LLM(args.model, dtype=args.dtype, engine=EngineConfig(enable_prefix_caching=False))
     load_s = time.perf_counter() - start
     text = Path(__file__).with_name("prompt.txt").read_text()
     prompt = llm.encode(text)[: args.prompt_tokens]
