@@ -23,7 +23,7 @@ from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
-from pellucid.trace.recorder import Recorder
+from pellucid.engine.trace_recorder import Recorder
 
 
 class LLMEngine:

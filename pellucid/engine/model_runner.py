@@ -16,7 +16,7 @@ from pellucid.engine.sampler import SamplerOutput, sample
 from pellucid.engine.scheduler import Batch
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
-from pellucid.trace.recorder import after_forward, before_forward, traced_items
+from pellucid.engine.trace_recorder import after_forward, before_forward, traced_items
 
 
 class ModelRunner:

@@ -13,7 +13,7 @@ from pellucid.engine.stop_strings import StopStringFilter
 from pellucid.tokenizer import IncrementalDetokenizer, Tokenizer
 
 if TYPE_CHECKING:
-    from pellucid.trace.recorder import Recorder
+    from pellucid.engine.trace_recorder import Recorder
 
 _ids = itertools.count()
 

@@ -21,7 +21,7 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.server.metrics import ServerMetrics
-from pellucid.trace.recorder import Recorder
+from pellucid.engine.trace_recorder import Recorder
 
 log = logging.getLogger("pellucid.server")
 

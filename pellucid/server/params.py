@@ -19,7 +19,7 @@ from pellucid.server.protocol import (
     SamplingRequest,
     TraceRequest,
 )
-from pellucid.trace.recorder import check_trace_options
+from pellucid.engine.trace_recorder import check_trace_options
 
 
 @dataclass(slots=True)

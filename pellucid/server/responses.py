@@ -17,7 +17,7 @@ from pellucid.server.protocol import (
     Usage,
 )
 from pellucid.tokenizer import Tokenizer
-from pellucid.trace.recorder import Recorder
+from pellucid.engine.trace_recorder import Recorder
 
 
 def chat_logprobs(tok: Tokenizer, logprobs: list[TokenLogprob]) -> ChatLogprobs:

@@ -1,6 +1,4 @@
-"""Traces: how one request was generated, as plain records (records.py), filled from engine hooks
-(recorder.py) and shown in the terminal, as one HTML page or as PNG plots (`pellucid explain`).
-
-Renderers are imported from their own modules so that the engine, which imports the recorder,
-never pulls in rich or matplotlib.
+"""Traces shown to people: the terminal walk-through, one HTML page and PNG plots
+(`pellucid explain`). The records themselves and the recorder that fills them from engine hooks
+live in engine/ (trace_records.py, trace_recorder.py), below this package, as the layers require.
 """

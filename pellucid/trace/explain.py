@@ -22,7 +22,7 @@ from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
 from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
-from pellucid.trace.records import Explanation, NoCacheComparison, Trace, TrainingStep, TrainingWalk
+from pellucid.engine.trace_records import Explanation, NoCacheComparison, Trace, TrainingStep, TrainingWalk
 
 TRAIN_TEXT = "The capital of India is New Delhi."
 

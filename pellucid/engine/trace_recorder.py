@@ -23,7 +23,7 @@ from pellucid.engine.scheduler import Batch, ScheduledSeq
 from pellucid.models.context import ForwardContext
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
-from pellucid.trace.records import (
+from pellucid.engine.trace_records import (
     AttentionMap,
     Candidate,
     KVCacheInfo,

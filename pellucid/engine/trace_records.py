@@ -1,6 +1,6 @@
 """Trace records: plain dataclasses that say how one request was generated, stage by stage.
 
-Filled by `recorder.Recorder` from engine hooks and read by the renderers (terminal, HTML, PNG)
+Filled by `trace_recorder.Recorder` from engine hooks and read by the renderers (terminal, HTML, PNG)
 and the server. Everything is a number, a string or a list of them, so `trace.to_dict()` is JSON.
 Order follows the walk-through: tokens -> pre-fill -> attention -> KV cache -> decode steps.
 """
