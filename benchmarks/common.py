@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -55,7 +55,7 @@ def machine() -> dict[str, object]:
 
 def commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
@@ -63,7 +63,7 @@ def commit() -> str:
 
 def save(name: str, result: dict[str, object]) -> Path:
     """Write the result with commit, machine and date to benchmarks/results/ and print it."""
-    stamp = datetime.now(timezone.utc)
+    stamp = datetime.now(UTC)
     result = {"benchmark": name, "date": stamp.isoformat(timespec="seconds"), "commit": commit(),
               "machine": machine(), **result}
     RESULTS.mkdir(exist_ok=True)

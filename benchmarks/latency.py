@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-from common import peak_rss_mib, repeat, save  # noqa: E402
+from common import peak_rss_mib, repeat, save
 
-from pellucid import LLM, SamplingParams  # noqa: E402
-from pellucid.config import EngineConfig  # noqa: E402
+from pellucid import LLM, SamplingParams
+from pellucid.config import EngineConfig
 
 
 def main() -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-from common import save  # noqa: E402
+from common import save
 
-from pellucid import LLM, SamplingParams  # noqa: E402
-from pellucid.engine.llm_engine import LLMEngine  # noqa: E402
+from pellucid import LLM, SamplingParams
+from pellucid.engine.llm_engine import LLMEngine
 
 
 def ttft(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
@@ -32,6 +32,11 @@ def ttft(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
     while engine.has_unfinished():
         engine.step()
     return elapsed, seq.num_cached
+
+
+def chat(llm: LLM, system: str, question: str) -> list[int]:
+    return llm.chat_prompt([{"role": "system", "content": system},
+                            {"role": "user", "content": question}])
 
 
 def main() -> None:
@@ -49,13 +54,9 @@ def main() -> None:
         system_ids = llm.tokenizer.encode(system)[: args.system_tokens]
         system = llm.tokenizer.decode(system_ids)
 
-        def chat(question: str) -> list[int]:
-            return llm.chat_prompt([{"role": "system", "content": system},
-                                    {"role": "user", "content": question}])
-
         engine = LLMEngine(llm.model, llm.tokenizer, llm.dtype, llm.engine.config)
-        first, _ = ttft(engine, chat("Summarize the text above in one sentence."))
-        second, cached = ttft(engine, chat("Who may copy this document?"))
+        first, _ = ttft(engine, chat(llm, system, "Summarize the text above in one sentence."))
+        second, cached = ttft(engine, chat(llm, system, "Who may copy this document?"))
         if r:
             rows.append((first, second, cached))
     firsts = sorted(f for f, _, _ in rows)

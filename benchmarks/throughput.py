@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-from common import peak_rss_mib, repeat, save  # noqa: E402
+from common import peak_rss_mib, repeat, save
 
-from pellucid import LLM, SamplingParams  # noqa: E402
+from pellucid import LLM, SamplingParams
 
 
 def workload(n: int, vocab: int, seed: int, max_in: int, max_out: int):
@@ -64,7 +64,7 @@ def main() -> None:
                                  "single_stream_tok_s": single}
     for n in args.seqs:
         prompts, params = workload(n, vocab, n, args.max_input, args.max_output)
-        stats = repeat(lambda: run_batch(llm, prompts, params), args.repeats)
+        stats = repeat(lambda p=prompts, sp=params: run_batch(llm, p, sp), args.repeats)
         ratio = stats["median"] / single["median"]
         print(f"{n:3d} sequences   median {stats['median']:8.1f}  min {stats['min']:8.1f}  "
               f"max {stats['max']:8.1f} tok/s   x{ratio:.2f} single stream")

@@ -18,13 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-import torch  # noqa: E402
-from common import peak_rss_mib, save  # noqa: E402
+import torch
+from common import peak_rss_mib, save
 
-from pellucid.train.config import TrainConfig  # noqa: E402
-from pellucid.train.data import prepare  # noqa: E402
-from pellucid.train.flops import flops_per_token, matmul_peak, n_params  # noqa: E402
-from pellucid.train.trainer import Trainer  # noqa: E402
+from pellucid.train.config import TrainConfig
+from pellucid.train.data import prepare
+from pellucid.train.flops import flops_per_token, matmul_peak, n_params
+from pellucid.train.trainer import Trainer
 
 # nanoGPT (karpathy/nanoGPT train.py + config/train_shakespeare_char.py; GPT-2 style: LayerNorm,
 # learned positions, GELU, biases) measured by the author on this 2-core machine, fp32:

@@ -4,4 +4,4 @@ from pellucid.engine.outputs import RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.llm import LLM
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -10,7 +10,7 @@ import sys
 def pellucid(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pellucid", *args],
-        input=stdin, capture_output=True, text=True, timeout=300,
+        input=stdin, capture_output=True, text=True, timeout=300, check=False,
     )
 
 

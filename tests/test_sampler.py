@@ -10,8 +10,16 @@ import pytest
 import torch
 
 from pellucid.engine import sampler as sampler_module
-from pellucid.engine.sampler import (SamplerState, apply_penalties, apply_temperature,
-                                     exponential_race, min_p_mask, sample, top_k_mask, top_p_mask)
+from pellucid.engine.sampler import (
+    SamplerState,
+    apply_penalties,
+    apply_temperature,
+    exponential_race,
+    min_p_mask,
+    sample,
+    top_k_mask,
+    top_p_mask,
+)
 from pellucid.engine.sampling_params import SamplingParams
 
 INF = float("inf")

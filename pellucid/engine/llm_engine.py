@@ -20,10 +20,10 @@ from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.scheduler import Batch, Scheduler
 from pellucid.engine.sequence import Sequence
+from pellucid.engine.trace_recorder import Recorder
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
-from pellucid.engine.trace_recorder import Recorder
 
 
 class LLMEngine:

@@ -14,9 +14,9 @@ from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
 from pellucid.engine.scheduler import Batch
+from pellucid.engine.trace_recorder import after_forward, before_forward, traced_items
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
-from pellucid.engine.trace_recorder import after_forward, before_forward, traced_items
 
 
 class ModelRunner:

@@ -25,7 +25,7 @@ class SamplerState:
     when the params have penalties, so plain requests cost nothing per step.
     """
 
-    __slots__ = ("params", "generator", "seen", "counts")
+    __slots__ = ("counts", "generator", "params", "seen")
 
     def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], vocab_size: int,
                  device: torch.device | str = "cpu") -> None:

@@ -20,9 +20,6 @@ from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.sampler import SamplerState, sampling_stages
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
 from pellucid.engine.scheduler import Batch, ScheduledSeq
-from pellucid.models.context import ForwardContext
-from pellucid.models.llama import LlamaModel
-from pellucid.tokenizer import Tokenizer
 from pellucid.engine.trace_records import (
     AttentionMap,
     Candidate,
@@ -37,6 +34,9 @@ from pellucid.engine.trace_records import (
     Tokenization,
     Trace,
 )
+from pellucid.models.context import ForwardContext
+from pellucid.models.llama import LlamaModel
+from pellucid.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

@@ -11,4 +11,4 @@ def build_model(cfg: ModelConfig) -> LlamaModel:
     return MODEL_CLASSES[cfg.arch](cfg)
 
 
-__all__ = ["ModelConfig", "LlamaModel", "Gemma3Model", "build_model"]
+__all__ = ["Gemma3Model", "LlamaModel", "ModelConfig", "build_model"]

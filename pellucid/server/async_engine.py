@@ -20,8 +20,8 @@ from typing import Self
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
-from pellucid.server.metrics import ServerMetrics
 from pellucid.engine.trace_recorder import Recorder
+from pellucid.server.metrics import ServerMetrics
 
 log = logging.getLogger("pellucid.server")
 

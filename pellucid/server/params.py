@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
+from pellucid.engine.trace_recorder import check_trace_options
 from pellucid.errors import PromptError
 from pellucid.llm import LLM
 from pellucid.server.errors import bad_request
@@ -19,7 +20,6 @@ from pellucid.server.protocol import (
     SamplingRequest,
     TraceRequest,
 )
-from pellucid.engine.trace_recorder import check_trace_options
 
 
 @dataclass(slots=True)

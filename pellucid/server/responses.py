@@ -9,6 +9,7 @@ import json
 from pydantic import BaseModel
 
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
+from pellucid.engine.trace_recorder import Recorder
 from pellucid.server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
@@ -17,7 +18,6 @@ from pellucid.server.protocol import (
     Usage,
 )
 from pellucid.tokenizer import Tokenizer
-from pellucid.engine.trace_recorder import Recorder
 
 
 def chat_logprobs(tok: Tokenizer, logprobs: list[TokenLogprob]) -> ChatLogprobs:

@@ -20,9 +20,15 @@ import torch.nn.functional as F
 
 from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
+from pellucid.engine.trace_records import (
+    Explanation,
+    NoCacheComparison,
+    Trace,
+    TrainingStep,
+    TrainingWalk,
+)
 from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
-from pellucid.engine.trace_records import Explanation, NoCacheComparison, Trace, TrainingStep, TrainingWalk
 
 TRAIN_TEXT = "The capital of India is New Delhi."
 
