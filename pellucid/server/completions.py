@@ -121,20 +121,11 @@ async def _chat_events(
     except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
         yield R.sse(error_body(f"generation failed: {e}", "server_error"))
     else:
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield R.sse(
-                ChatCompletionChunk(
-                    id=rid,
-                    created=created,
-                    model=state.model_name,
-                    choices=[],
-                    usage=R.usage(prompt_tokens, used),
-                )
-            )
-        if handle.traces:  # like the usage chunk: no choices, so OpenAI clients skip it
-            yield R.sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                         "model": state.model_name, "choices": [],
-                         "pellucid": R.traces(handle.traces)})
+        wants_usage = body.stream_options is not None and body.stream_options.include_usage
+        usage = R.usage(prompt_tokens, used) if wants_usage else None
+        for event in R.closing_events("chat.completion.chunk", rid, created, state.model_name,
+                                      usage, handle.traces):
+            yield event
     yield R.SSE_DONE
 
 
@@ -217,21 +208,13 @@ async def _text_events(
     except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
         yield R.sse(error_body(f"generation failed: {e}", "server_error"))
     else:
+        usage = None
         if body.stream_options is not None and body.stream_options.include_usage:
             prompt_tokens = sum(len(p.ids) for p in choice_prompts[:: body.n])
-            yield R.sse(
-                CompletionResponse(
-                    id=rid,
-                    created=created,
-                    model=state.model_name,
-                    choices=[],
-                    usage=R.usage(prompt_tokens, used),
-                )
-            )
-        if handle.traces:  # like the usage chunk: no choices, so OpenAI clients skip it
-            yield R.sse({"id": rid, "object": "text_completion", "created": created,
-                         "model": state.model_name, "choices": [],
-                         "pellucid": R.traces(handle.traces)})
+            usage = R.usage(prompt_tokens, used)
+        for event in R.closing_events("text_completion", rid, created, state.model_name, usage,
+                                      handle.traces):
+            yield event
     yield R.SSE_DONE
 
 

@@ -101,6 +101,19 @@ def traces(traces: dict[int, Recorder]) -> dict[str, object]:
     return {"traces": {str(i): r.trace.to_dict() for i, r in sorted(traces.items())}} if traces else {}
 
 
+def closing_events(
+    obj: str, rid: str, created: int, model: str, usage_: Usage | None,
+    traces_: dict[int, Recorder],
+) -> list[str]:
+    """The stream's last events before [DONE]: usage (if asked) and traces (if any), each a
+    chunk with no choices, which OpenAI clients skip."""
+    base = {"id": rid, "object": obj, "created": created, "model": model, "choices": []}
+    events = [] if usage_ is None else [sse({**base, "usage": usage_.model_dump()})]
+    if traces_:
+        events.append(sse({**base, "pellucid": traces(traces_)}))
+    return events
+
+
 def finish_reason(out: RequestOutput) -> str | None:
     return out.finish_reason if out.finished else None
 
