@@ -1,0 +1,1 @@
+"""Agent building blocks: tools a model can call (see pellucid.agent.tools)."""
