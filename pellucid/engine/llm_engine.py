@@ -14,6 +14,7 @@ import torch
 
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.grammar import GrammarCompiler
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.model_runner import ModelRunner
 from pellucid.engine.outputs import EngineStats, RequestOutput
@@ -48,12 +49,16 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager)
         self.model_runner = ModelRunner(model, self.pool)
         self.sequences: dict[int, Sequence] = {}
+        self.grammars = GrammarCompiler(tokenizer)
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         self.check_prompt(prompt_ids)
+        matcher = None if params.grammar is None else self.grammars.matcher(params.grammar)
         seq = Sequence(
             prompt_ids, params, self.tokenizer, self.model.cfg.vocab_size, self.max_model_len
         )
+        if matcher is not None:
+            seq.sampler_state.matcher, seq.sampler_state.grammars = matcher, self.grammars
         options = params.trace_options
         if options is not None:
             seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model,

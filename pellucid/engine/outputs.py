@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pellucid.structured import ToolCall
 
 
 @dataclass(slots=True)
@@ -48,6 +52,8 @@ class RequestOutput:
     finish_reason: str | None  # "stop" (EOS, stop token or string) | "length" | "abort"
     timings: Timings
     logprobs: list[TokenLogprob] | None = field(default=None)
+    forced: list[bool] | None = None  # with a grammar: token i was the only one it allowed
+    tool_calls: list[ToolCall] = field(default_factory=list)  # filled by LLM.chat(tools=...)
 
 
 @dataclass(slots=True)

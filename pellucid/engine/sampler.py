@@ -1,18 +1,24 @@
 """Sampler: turn a batch of logits (B, V) into one next token per row, each row with its own params.
 
-Order (HF, vLLM): penalties -> greedy argmax | temperature -> top-k -> top-p -> min-p -> draw.
-The engine keeps one `SamplerState` per sequence, calls `sample(logits, states)` once per step and
-then `state.update(token_id)` for every row. Maths are pure functions on tensors; the only state
+Order (HF, vLLM): grammar mask -> penalties -> greedy argmax | temperature -> top-k -> top-p ->
+min-p -> draw. The engine keeps one `SamplerState` per sequence, calls `sample(logits, states)` once
+per step and then `state.update(token_id)` for every row. Maths are pure functions on tensors; the only state
 is the per-sequence history and random generator.
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from pellucid.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import llguidance
+
+    from pellucid.engine.grammar import GrammarCompiler
 
 NEG_INF = float("-inf")
 
@@ -25,7 +31,8 @@ class SamplerState:
     when the params have penalties, so plain requests cost nothing per step.
     """
 
-    __slots__ = ("counts", "generator", "params", "seen")
+    __slots__ = ("counts", "forced", "generator", "grammars", "last_mask", "matcher", "params",
+                 "seen")
 
     def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], vocab_size: int,
                  device: torch.device | str = "cpu") -> None:
@@ -42,12 +49,20 @@ class SamplerState:
             self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
             self.seen[torch.tensor(list(prompt_token_ids), dtype=torch.long, device=device)] = True
             self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        # Set by the engine for a request with a grammar: the llguidance matcher of this row and
+        # the compiler that computes masks; `forced[i]`: the grammar left output token i no choice.
+        self.matcher: llguidance.LLMatcher | None = None
+        self.grammars: GrammarCompiler | None = None
+        self.forced: list[bool] = []
+        self.last_mask: Tensor | None = None  # (V,) bool, the grammar's mask at the last step
 
     def update(self, token_id: int) -> None:
         """Record a token the sequence has just generated."""
         if self.counts is not None:
             self.counts[token_id] += 1
             self.seen[token_id] = True
+        if self.matcher is not None:
+            self.matcher.consume_token(token_id)  # it was allowed by the mask, so this succeeds
 
 
 @dataclass(slots=True)
@@ -65,7 +80,8 @@ def sample(logits: Tensor, states: Sequence[SamplerState]) -> SamplerOutput:
     assert logits.dim() == 2 and logits.shape[0] == len(states), "one SamplerState per row"
     raw = logits.float()
     params = [s.params for s in states]
-    logits = _penalize(raw, states) if any(p.has_penalties for p in params) else raw
+    logits = constrain(raw, states)
+    logits = _penalize(logits, states) if any(p.has_penalties for p in params) else logits
     greedy = [p.is_greedy for p in params]
     if all(greedy):  # fast path: no softmax, no noise
         token_ids = logits.argmax(dim=-1)
@@ -87,6 +103,9 @@ def sampling_stages(logits: Tensor, state: SamplerState) -> list[tuple[str, Tens
     p = state.params
     x = logits.float()[None]  # (1, V)
     stages = [("raw", x)]
+    if state.matcher is not None:  # listed only for constrained requests, which are rarer
+        x = x.masked_fill(~state.last_mask[None], NEG_INF)
+        stages.append(("grammar", x))
     if p.has_penalties:
         x = _penalize(x, [state])
     stages.append(("penalties", x))
@@ -105,6 +124,28 @@ def sampling_stages(logits: Tensor, state: SamplerState) -> list[tuple[str, Tens
         x = min_p_mask(x, _row_values([p.min_p], x))
     stages.append(("min-p", x))
     return [(name, t[0]) for name, t in stages]
+
+
+def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
+    """Set to -inf the tokens each row's grammar forbids; rows without a grammar are untouched.
+
+    logits (B, V). A matcher in an error state allows nothing; it is then given only its stop
+    tokens (EOS), so the row ends instead of sampling from an empty distribution.
+    """
+    rows = [i for i, s in enumerate(states) if s.matcher is not None]
+    if not rows:
+        return logits
+    grammars = states[rows[0]].grammars
+    allowed = grammars.token_masks([states[i].matcher for i in rows], logits.shape[-1])  # (R, V)
+    eos = sorted(grammars.tokenizer.eos_ids)
+    mask = torch.ones_like(logits, dtype=torch.bool)
+    for row, i in enumerate(rows):
+        if not allowed[row].any():
+            allowed[row, eos] = True
+        mask[i] = allowed[row]
+        states[i].last_mask = allowed[row]
+        states[i].forced.append(int(allowed[row].sum()) == 1)
+    return logits.masked_fill(~mask, NEG_INF)
 
 
 def apply_penalties(logits: Tensor, seen: Tensor, counts: Tensor, repetition: Tensor,

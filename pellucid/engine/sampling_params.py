@@ -54,6 +54,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None = none; n = chosen token's logprob + n top alternatives
     trace: bool | TraceOptions = False  # True: record how this request was generated (explain)
+    # Only text this grammar accepts can be generated: llguidance's Lark dialect, where
+    # `%json {...}` inlines a JSON schema (structured/ builds them for tools and response_format).
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +88,8 @@ class SamplingParams:
                  f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
         _require(self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
                  f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        _require(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip()),
+                 f"grammar must be None or a non-empty grammar string, got {self.grammar!r}")
         _require(isinstance(self.trace, (bool, TraceOptions)),
                  f"trace must be True, False or a TraceOptions, got {self.trace!r}")
 

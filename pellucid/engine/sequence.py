@@ -102,4 +102,5 @@ class Sequence:
             finish_reason=self.finish_reason,
             timings=self.timings,
             logprobs=self.logprobs,
+            forced=list(self.sampler_state.forced) if self.params.grammar is not None else None,
         )

@@ -1,0 +1,93 @@
+"""Grammar-constrained decoding: llguidance turns a grammar into a per-row mask of allowed tokens.
+
+    grammars = GrammarCompiler(tokenizer)       # once per engine; builds llguidance's token trie
+    matcher = grammars.matcher(params.grammar)  # one per request; walks the grammar token by token
+    allowed = token_masks(matchers, vocab)      # (B, V) bool for this step; the sampler sets the
+                                                # rest to -inf, then each matcher consumes its token
+A grammar is llguidance's Lark dialect (`%json {...}` inlines a JSON schema); see structured/.
+"""
+
+from __future__ import annotations
+
+import llguidance
+import llguidance.torch
+import torch
+from torch import Tensor
+
+from pellucid.tokenizer import Tokenizer
+
+# llguidance's marker for a control token's bytes, so grammar text can never spell one by accident.
+SPECIAL_PREFIX = b"\xff"
+
+
+class GrammarCompiler:
+    """Holds llguidance's view of the vocabulary (built on first use: ~0.5 s for 49k tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._ll: llguidance.LLTokenizer | None = None
+        self._executor: llguidance.LLExecutor | None = None
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        if self._ll is None:
+            self._ll = llguidance.LLTokenizer(
+                _Vocab(self.tokenizer), eos_token=sorted(self.tokenizer.eos_ids)
+            )
+        return self._ll
+
+    def matcher(self, grammar: str) -> llguidance.LLMatcher:
+        """A fresh matcher for one request; a grammar that does not compile is a ValueError."""
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
+        if error and not error.startswith("WARNING"):
+            raise ValueError(f"the grammar does not compile: {error}")
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"the grammar does not compile: {matcher.get_error()}")
+        return matcher
+
+    def token_masks(self, matchers: list[llguidance.LLMatcher], vocab_size: int) -> Tensor:
+        """(B, vocab_size) bool: the tokens each matcher allows next, computed in parallel."""
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), self.ll_tokenizer.vocab_size)
+        llguidance.torch.fill_next_token_bitmask_par(
+            self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask
+        )
+        return unpack_bitmask(bitmask, vocab_size)
+
+
+def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """int32 words (B, W), bit j of word w = token 32*w + j, -> bool (B, vocab_size).
+
+    Tokens past 32*W (a model whose output layer is wider than its tokenizer) are never allowed.
+    """
+    shifts = torch.arange(32, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # (B, W, 32); `& 1` undoes the sign of >>
+    allowed = bits.reshape(bitmask.shape[0], -1).bool()  # (B, 32*W)
+    if allowed.shape[1] >= vocab_size:
+        return allowed[:, :vocab_size]
+    pad = torch.zeros(bitmask.shape[0], vocab_size - allowed.shape[1], dtype=torch.bool)
+    return torch.cat([allowed, pad], dim=1)
+
+
+class _Vocab(llguidance.TokenizerWrapper):
+    """What LLTokenizer reads: the bytes of every token, EOS, and our own encoder."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.eos_token_id = tokenizer.eos_id
+        self.bos_token_id = tokenizer.bos_id
+        self.tokens = [
+            SPECIAL_PREFIX + tokenizer.id_to_bytes(i) if tokenizer.is_special(i)
+            else tokenizer.id_to_bytes(i)
+            for i in range(tokenizer.vocab_size)
+        ]
+        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if tokenizer.is_special(i)]
+        self.is_tokenizer_wrapper = True
+        self._tokenizer = tokenizer
+        self._accepts_bytes = False
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text)

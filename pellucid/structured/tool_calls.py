@@ -1,0 +1,123 @@
+"""Tool calls in model text: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
+
+The Hermes / Qwen convention, which small open models are tuned on. `parse_tool_calls` reads a
+finished reply; `ToolCallStream` splits a stream into plain-text deltas and whole calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+
+
+@dataclass(slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    @property
+    def args(self) -> dict:
+        return json.loads(self.arguments)
+
+    def openai(self) -> dict:
+        """The entry of an assistant message's `tool_calls` list."""
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class ParsedReply:
+    content: str  # the text outside the calls
+    tool_calls: list[ToolCall]
+    errors: list[str]  # one line per block that was not a valid call
+
+
+def parse_tool_calls(text: str) -> ParsedReply:
+    """Split a reply into its text and its calls; a malformed block stays in the text."""
+    calls, errors, kept, end = [], [], [], 0
+    for match in _BLOCK.finditer(text):
+        kept.append(text[end:match.start()])
+        call, error = _read_call(match.group(1))
+        if call is None:
+            errors.append(error)
+            kept.append(match.group(0))
+        else:
+            calls.append(call)
+        end = match.end()
+    tail = text[end:]
+    if CALL_OPEN in tail:  # opened and never closed: the reply was cut off mid-call
+        errors.append("a <tool_call> block was not closed (the reply hit its token limit?)")
+    kept.append(tail)
+    return ParsedReply("".join(kept).strip(), calls, errors)
+
+
+def _read_call(body: str) -> tuple[ToolCall | None, str]:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"tool call is not valid JSON ({e}): {body.strip()[:200]}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None, f"tool call has no string 'name': {body.strip()[:200]}"
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models send the arguments already encoded
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None, f"arguments of {obj['name']} are not a JSON object: {args[:200]}"
+    if not isinstance(args, dict):
+        return None, f"arguments of {obj['name']} are not a JSON object: {args!r:.200}"
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False)), ""
+
+
+class ToolCallStream:
+    """Feed text deltas; get back text that is surely not part of a call, and finished calls.
+
+    Text that might be the start of `<tool_call>` is held until it is known either way, so a
+    client never sees half a tag. Everything after an opening tag is held until its closing tag.
+    """
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
+        self._held += delta
+        text, calls = [], []
+        while True:
+            start = self._held.find(CALL_OPEN)
+            if start < 0:
+                safe = _safe_prefix_len(self._held, CALL_OPEN)
+                text.append(self._held[:safe])
+                self._held = self._held[safe:]
+                break
+            text.append(self._held[:start])
+            end = self._held.find(CALL_CLOSE, start)
+            if end < 0:
+                self._held = self._held[start:]
+                break
+            block = self._held[start:end + len(CALL_CLOSE)]
+            call, _ = _read_call(block[len(CALL_OPEN):-len(CALL_CLOSE)])
+            if call is None:
+                text.append(block)
+            else:
+                calls.append(call)
+            self._held = self._held[end + len(CALL_CLOSE):]
+        return "".join(text), calls
+
+    def flush(self) -> str:
+        """At the end of the stream: what is still held goes out as text."""
+        held, self._held = self._held, ""
+        return held
+
+
+def _safe_prefix_len(text: str, tag: str) -> int:
+    """Length of the prefix of text that cannot be the beginning of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return len(text) - n
+    return len(text)

@@ -1,0 +1,147 @@
+"""Grammar-constrained decoding and the tool-call format: masks, grammars, parsing, prompts."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from pellucid import LLM, SamplingParams
+from pellucid.engine.grammar import GrammarCompiler, unpack_bitmask
+from pellucid.structured import (
+    ToolCallStream,
+    parse_tool_calls,
+    prepare_chat,
+    response_format_grammar,
+    tool_call_grammar,
+)
+from pellucid.structured.tool_prompt import messages_with_tools
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "unit"]}}}
+CALC = {"type": "function", "function": {
+    "name": "calculator", "parameters": {"type": "object", "properties": {
+        "expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+def test_unpack_bitmask_matches_the_bits() -> None:
+    words = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32)
+    allowed = unpack_bitmask(words, 100)
+    for row in range(3):
+        for token in range(100):
+            bit = (int(words[row, token // 32]) >> (token % 32)) & 1
+            assert allowed[row, token].item() == bool(bit)
+    assert not unpack_bitmask(words, 140)[:, 128:].any()  # past the tokenizer: never allowed
+
+
+def _accepts(grammars: GrammarCompiler, grammar: str, text: str) -> bool:
+    matcher = grammars.matcher(grammar)
+    ids = grammars.tokenizer.encode(text)
+    return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+
+def test_required_grammar_accepts_exactly_valid_calls(smollm2: LLM) -> None:
+    g = GrammarCompiler(smollm2.tokenizer)
+    grammar = tool_call_grammar([WEATHER, CALC], "required", parallel=False)
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    assert _accepts(g, grammar, good)
+    assert not _accepts(g, grammar, good.replace('"c"', '"kelvin"'))  # not in the enum
+    assert not _accepts(g, grammar, good.replace("get_weather", "get_wether"))  # no such tool
+    assert not _accepts(g, grammar, "It is sunny.")  # a call is required
+    assert not _accepts(g, grammar, good + "\n" + good)  # one call only
+    assert _accepts(g, tool_call_grammar([WEATHER], "required", parallel=True), good + "\n" + good)
+
+
+def test_auto_grammar_allows_text_and_constrains_a_started_call(smollm2: LLM) -> None:
+    g = GrammarCompiler(smollm2.tokenizer)
+    grammar = tool_call_grammar([CALC], "auto")
+    assert _accepts(g, grammar, "No tool needed: 4.")
+    matcher = g.matcher(grammar)
+    assert matcher.consume_tokens(g.tokenizer.encode("Let me compute. <tool_call>"))
+    allowed = g.token_masks([matcher], smollm2.model.cfg.vocab_size)[0]
+    assert [smollm2.tokenizer.id_to_piece(i) for i in allowed.nonzero()[:, 0]] == ["\n"]
+
+
+def test_named_choice_and_errors() -> None:
+    named = {"type": "function", "function": {"name": "calculator"}}
+    assert "get_weather" not in tool_call_grammar([WEATHER, CALC], named)
+    assert tool_call_grammar([WEATHER], "none") is None
+    with pytest.raises(ValueError, match="not among the tools"):
+        tool_call_grammar([WEATHER], {"type": "function", "function": {"name": "nope"}})
+    with pytest.raises(ValueError, match="no tools"):
+        tool_call_grammar([], "required")
+    with pytest.raises(ValueError, match="response_format type"):
+        response_format_grammar({"type": "yaml"})
+
+
+def test_generation_follows_the_grammar(smollm2: LLM) -> None:
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=20, grammar="start: /[0-9]{3}-[a-z]{2}/")
+    for out in smollm2.generate(["My code is", "Write anything:"], params):
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.text), out.text
+        assert out.finish_reason == "stop" and out.forced is not None
+    with pytest.raises(ValueError, match="does not compile"):
+        smollm2.generate("x", SamplingParams(grammar="start: (("))
+
+
+def test_chat_with_required_tools_returns_valid_calls(smollm2: LLM) -> None:
+    import jsonschema
+
+    out = smollm2.chat([{"role": "user", "content": "Weather in Oslo?"}],
+                       SamplingParams(temperature=0, max_tokens=60), tools=[WEATHER],
+                       tool_choice="required", parallel_tool_calls=False)
+    assert len(out.tool_calls) == 1 and out.tool_calls[0].name == "get_weather"
+    jsonschema.validate(out.tool_calls[0].args, WEATHER["function"]["parameters"])
+    assert sum(out.forced) > 10  # the tags and the name's JSON are forced, not chosen
+
+
+def test_parse_tool_calls() -> None:
+    text = ('Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
+            '<tool_call>{not json}</tool_call>')
+    reply = parse_tool_calls(text)
+    assert [(c.name, c.args) for c in reply.tool_calls] == [("a", {"x": 1}), ("b", {"y": 2})]
+    assert reply.content.startswith("Sure.") and "{not json}" in reply.content
+    assert len(reply.errors) == 1
+    assert parse_tool_calls('<tool_call>{"name": "a"').errors  # cut off
+
+
+def test_tool_call_stream_holds_partial_tags() -> None:
+    text = 'Hi <tool_ca' + 'll>\n{"name": "a", "arguments": {}}\n</tool_call> bye <tool'
+    stream, seen, calls = ToolCallStream(), [], []
+    for i in range(0, len(text), 3):  # three characters at a time
+        t, c = stream.feed(text[i:i + 3])
+        seen.append(t)
+        calls += c
+    seen.append(stream.flush())
+    assert "".join(seen) == "Hi  bye <tool"
+    assert [c.name for c in calls] == ["a"]
+    assert all("<tool_c" not in s for s in seen[:-1])
+
+
+def test_tool_turns_become_text_for_templates_without_tools() -> None:
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "1", "type": "function",
+                     "function": {"name": "a", "arguments": '{"x": 1}'}}]},
+                {"role": "tool", "tool_call_id": "1", "content": "one"},
+                {"role": "tool", "tool_call_id": "2", "content": "two"}]
+    out = messages_with_tools(messages, [CALC])
+    assert out[0]["role"] == "system" and '"calculator"' in out[0]["content"]
+    assert json.loads(out[2]["content"].split("\n")[1]) == {"name": "a", "arguments": {"x": 1}}
+    assert out[3] == {"role": "user",
+                      "content": "<tool_response>\none\n</tool_response>\n"
+                                 "<tool_response>\ntwo\n</tool_response>"}
+
+
+def test_prepare_chat_none_leaves_tools_out(smollm2: LLM) -> None:
+    chat = prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[CALC],
+                        tool_choice="none")
+    assert chat.grammar is None and not chat.parse_calls and "calculator" not in chat.prompt
+    off = prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[CALC],
+                       tool_choice="required", constrained=False)
+    assert off.grammar is None and off.parse_calls and "calculator" in off.prompt
