@@ -32,8 +32,12 @@ from pellucid.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     Delta,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCallItem,
 )
 from pellucid.server.state import ServerState
+from pellucid.structured import ToolCallStream, parse_tool_calls
 
 
 class HandleStream(StreamingResponse):
@@ -63,7 +67,7 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return HandleStream(
-            _chat_events(state, body, handle, rid, created, len(prompt.ids)), handle
+            _chat_events(state, body, handle, rid, created, prompt), handle
         )
     finals = await _gather(handle, request)
     if finals is None:
@@ -72,8 +76,8 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
     choices = [
         ChatChoice(
             index=i,
-            message=ChatMessageOut(content=out.text),
-            finish_reason=out.finish_reason,
+            message=_message(out, prompt.parse_calls),
+            finish_reason=_finish_reason(out, prompt.parse_calls),
             logprobs=R.chat_logprobs(tok, out.logprobs) if out.logprobs is not None else None,
         )
         for i, out in sorted(finals.items())
@@ -91,15 +95,36 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
     )
 
 
+def _message(out: RequestOutput, parse_calls: bool) -> ChatMessageOut:
+    if not parse_calls:
+        return ChatMessageOut(content=out.text)
+    reply = parse_tool_calls(out.text)
+    calls = [ToolCallItem(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+             for c in reply.tool_calls]
+    return ChatMessageOut(content=reply.content or (None if calls else ""),
+                          tool_calls=calls or None)
+
+
+def _finish_reason(out: RequestOutput, has_calls: bool) -> str | None:
+    """OpenAI ends a reply that called tools with "tool_calls" rather than "stop"."""
+    if has_calls and out.finish_reason == "stop" and parse_tool_calls(out.text).tool_calls:
+        return "tool_calls"
+    return out.finish_reason
+
+
 async def _chat_events(
     state: ServerState,
     body: ChatCompletionRequest,
     handle: RequestHandle,
     rid: str,
     created: int,
-    prompt_tokens: int,
+    prompt: P.Prompt,
 ) -> AsyncIterator[str]:
     tok = state.llm.tokenizer
+    # With tools on, text passes through a splitter: plain text streams on, each call goes out
+    # whole as one `tool_calls` delta once its closing tag arrives.
+    splitters = {i: ToolCallStream() for i in range(body.n)} if prompt.parse_calls else {}
+    calls_sent = dict.fromkeys(range(body.n), 0)
 
     def chunk(index: int, delta: Delta, **fields: object) -> str:
         choice = ChatChunkChoice(index=index, delta=delta, **fields)
@@ -113,16 +138,31 @@ async def _chat_events(
     try:
         async for index, out in handle:
             logprobs = R.chat_logprobs(tok, out.logprobs) if out.logprobs else None
-            if out.delta or logprobs:
-                yield chunk(index, Delta(content=out.delta), logprobs=logprobs)
+            text, calls = out.delta, []
+            if index in splitters:
+                text, calls = splitters[index].feed(out.delta)
+                if out.finished:
+                    text += splitters[index].flush()
+            if text or logprobs:
+                yield chunk(index, Delta(content=text), logprobs=logprobs)
+            if calls:
+                first = calls_sent[index]
+                calls_sent[index] += len(calls)
+                yield chunk(index, Delta(tool_calls=[
+                    DeltaToolCall(index=first + k, id=c.id,
+                                  function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for k, c in enumerate(calls)]))
             if out.finished:
                 used += len(out.token_ids)
-                yield chunk(index, Delta(), finish_reason=out.finish_reason)
+                reason = out.finish_reason
+                if calls_sent[index] and reason == "stop":
+                    reason = "tool_calls"
+                yield chunk(index, Delta(), finish_reason=reason)
     except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
         yield R.sse(error_body(f"generation failed: {e}", "server_error"))
     else:
         wants_usage = body.stream_options is not None and body.stream_options.include_usage
-        usage = R.usage(prompt_tokens, used) if wants_usage else None
+        usage = R.usage(len(prompt.ids), used) if wants_usage else None
         for event in R.closing_events("chat.completion.chunk", rid, created, state.model_name,
                                       usage, handle.traces):
             yield event

@@ -20,33 +20,55 @@ from pellucid.server.protocol import (
     SamplingRequest,
     TraceRequest,
 )
+from pellucid.structured import prepare_chat
 
 
 @dataclass(slots=True)
 class Prompt:
     ids: list[int]
     text: str  # what `echo` puts before the completion
+    grammar: str | None = None  # tool calls / response_format: what the reply must match
+    parse_calls: bool = False  # tools are on: <tool_call> blocks in the reply become tool_calls
 
 
 def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
-    if request.tools:
-        raise bad_request("tools are not supported by this server yet", "tools")
-    if request.response_format is not None and request.response_format.type != "text":
-        raise bad_request(
-            f"response_format {request.response_format.type!r} is not supported; only 'text'",
-            "response_format",
-        )
     messages = [_message_dict(m, i) for i, m in enumerate(request.messages)]
+    tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
+    choice = request.tool_choice or ("auto" if tools else "none")
+    if not isinstance(choice, str):
+        choice = choice.model_dump()
     try:
-        ids = llm.chat_prompt(messages)
+        chat = prepare_chat(llm.tokenizer, messages, tools=tools, tool_choice=choice,
+                            parallel_tool_calls=request.parallel_tool_calls,
+                            response_format=_response_format(request))
     except PromptError as e:  # e.g. a base model without a chat template
         raise bad_request(str(e), "messages") from e
-    except (TypeError, ValueError) as e:  # the template choked on these messages
+    except ValueError as e:  # a tool_choice naming no tool, a bad schema, ...
+        param = "tool_choice" if "tool_choice" in str(e) else "tools"
+        raise bad_request(str(e), param if tools else "response_format") from e
+    except TypeError as e:  # the template choked on these messages
         raise bad_request(
             f"the model's chat template could not render the messages: {e}", "messages"
         ) from e
+    ids = llm._chat_ids(chat.prompt)
     check_prompt(llm, ids, "messages")
-    return Prompt(ids, "")
+    if chat.grammar is not None:
+        try:  # compile once here, so a schema llguidance refuses is a 400, not a failed stream
+            llm.engine.grammars.matcher(chat.grammar)
+        except ValueError as e:
+            raise bad_request(f"the tools' or response_format's JSON schema: {e}",
+                              "tools" if tools else "response_format") from e
+    return Prompt(ids, "", chat.grammar, chat.parse_calls)
+
+
+def _response_format(request: ChatCompletionRequest) -> dict | None:
+    rf = request.response_format
+    if rf is None:
+        return None
+    if rf.type == "json_schema" and rf.json_schema is None:
+        raise bad_request("response_format json_schema needs a 'json_schema' object with "
+                          "'name' and 'schema'", "response_format")
+    return rf.model_dump(by_alias=True, exclude_none=True)
 
 
 def completion_prompts(llm: LLM, request: CompletionRequest) -> list[Prompt]:
@@ -133,6 +155,7 @@ def sampling_params(
                     logprobs=logprobs,
                     ignore_eos=request.ignore_eos,
                     trace=_trace_options(llm, request.trace),
+                    grammar=prompt.grammar,
                     **given,
                 )
             )
@@ -167,7 +190,7 @@ def check_best_of(request: CompletionRequest) -> None:
         raise bad_request("best_of is not supported (only best_of equal to n)", "best_of")
 
 
-def _message_dict(message: ChatMessage, index: int) -> dict[str, str]:
+def _message_dict(message: ChatMessage, index: int) -> dict:
     content = message.content
     if isinstance(content, list):
         content = "".join(part.text for part in content)
@@ -179,6 +202,10 @@ def _message_dict(message: ChatMessage, index: int) -> dict[str, str]:
     if message.name:
         _check_text(message.name, f"messages.{index}.name")
         out["name"] = message.name
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
     return out
 
 
