@@ -5,6 +5,7 @@
     pellucid tokenize "Hello world" --json
     pellucid models
     pellucid explain "The capital of India is" --compare-no-cache --html report.html
+    pellucid agent "What is 17*23, and who wrote Hamlet?" --tools calculator,search
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import sys
 
 from pellucid import catalog
+from pellucid.agent.cli import add_agent_command
 from pellucid.errors import PellucidError
 from pellucid.train.cli import add_training_commands
 
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the models available locally")
     models.set_defaults(run=run_models)
     add_explain_command(commands)
+    add_agent_command(commands)  # the tool loop
     add_training_commands(commands)  # data prepare, train, export
     return parser
 

@@ -148,7 +148,7 @@ def test_builtin_tools_by_name() -> None:
     ],
 )
 def test_calculator_arithmetic(expression: str, result: str) -> None:
-    assert calculator({"expression": expression}) == result
+    assert calculator({"expression": expression}) == f"{expression} = {result}"
 
 
 @pytest.mark.parametrize(

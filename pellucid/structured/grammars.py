@@ -42,13 +42,32 @@ def call_schema(tools: list[dict]) -> dict:
     """JSON schema of one call: {"name": <one tool>, "arguments": <that tool's parameters>}."""
     options = [{
         "type": "object",
-        "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or
-                       {"type": "object", "properties": {}}},
+        "properties": {"name": {"const": f["name"]},
+                       "arguments": strict(f.get("parameters") or {"type": "object", "properties": {}})},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     } for f in map(function_of, tools)]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": JSON_STYLE}
+
+
+def strict(schema: Any) -> Any:
+    """A copy of a schema whose objects allow no properties beyond those listed, unless it says
+    otherwise (OpenAI's strict mode). JSON Schema allows extra keys by default, and a small model
+    given that freedom invents them ("x_value_1", "x_value_2", ...) until it runs out of tokens."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) if k in _SUBSCHEMAS else v for k, v in schema.items()}
+    if "properties" in out:
+        out["properties"] = {k: strict(v) for k, v in out["properties"].items()}
+    if "properties" in out and "additionalProperties" not in out:  # a free-form dict stays free
+        out["additionalProperties"] = False
+    return out
+
+
+_SUBSCHEMAS = {"items", "anyOf", "oneOf", "allOf", "prefixItems", "additionalProperties", "not"}
 
 
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .calculator import calculator
-from .http import make_http_tool
+from .http_tool import make_http_tool
 from .mcp_client import MCPConnection, mcp_tools
 from .python_sandbox import make_python_tool
 from .search import make_search_tool

@@ -52,7 +52,9 @@ def calculator(expression: str) -> str:
         expression: The expression to evaluate, e.g. "17*23" or "sqrt(2) / 2".
     """
     value = evaluate(expression)
-    return repr(value)  # ints exactly; floats with the shortest repr that round-trips
+    # The expression is echoed so a small model can copy "17*23 = 391" into its answer whole;
+    # ints exactly, floats with the shortest repr that round-trips.
+    return f"{expression.strip()} = {value!r}"
 
 
 def evaluate(expression: str) -> int | float:
