@@ -1,9 +1,9 @@
 """Sampler: turn a batch of logits (B, V) into one next token per row, each row with its own params.
 
 Order (HF, vLLM): grammar mask -> penalties -> greedy argmax | temperature -> top-k -> top-p ->
-min-p -> draw. The engine keeps one `SamplerState` per sequence, calls `sample(logits, states)` once
-per step and then `state.update(token_id)` for every row. Maths are pure functions on tensors; the only state
-is the per-sequence history and random generator.
+min-p -> draw. The engine keeps one `SamplerState` per sequence, calls `sample(logits, states)`
+once per step and then `state.update(token_id)` for every row. Maths are pure functions on
+tensors; the only state is the per-sequence history, random generator and grammar matcher.
 """
 
 from collections.abc import Sequence
