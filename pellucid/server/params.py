@@ -43,9 +43,8 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
                             response_format=_response_format(request))
     except PromptError as e:  # e.g. a base model without a chat template
         raise bad_request(str(e), "messages") from e
-    except ValueError as e:  # a tool_choice naming no tool, a bad schema, ...
-        param = "tool_choice" if "tool_choice" in str(e) else "tools"
-        raise bad_request(str(e), param if tools else "response_format") from e
+    except ValueError as e:  # a tool_choice naming no tool, a bad schema, a call's arguments
+        raise bad_request(str(e), _param_of(str(e), bool(tools))) from e
     except TypeError as e:  # the template choked on these messages
         raise bad_request(
             f"the model's chat template could not render the messages: {e}", "messages"
@@ -59,6 +58,14 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
             raise bad_request(f"the tools' or response_format's JSON schema: {e}",
                               "tools" if tools else "response_format") from e
     return Prompt(ids, "", chat.grammar, chat.parse_calls)
+
+
+def _param_of(message: str, has_tools: bool) -> str:
+    """Which request field a prepare_chat error is about, for the error's `param`."""
+    for param in ("tool_choice", "messages", "response_format"):
+        if param in message:
+            return param
+    return "tools" if has_tools else "response_format"
 
 
 def _response_format(request: ChatCompletionRequest) -> dict | None:

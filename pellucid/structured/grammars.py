@@ -60,7 +60,7 @@ def strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: strict(v) if k in _SUBSCHEMAS else v for k, v in schema.items()}
-    if "properties" in out:
+    if isinstance(out.get("properties"), dict):
         out["properties"] = {k: strict(v) for k, v in out["properties"].items()}
     if "properties" in out and "additionalProperties" not in out:  # a free-form dict stays free
         out["additionalProperties"] = False

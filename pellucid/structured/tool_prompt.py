@@ -64,7 +64,12 @@ def _calls_text(message: dict) -> str:
     for call in message["tool_calls"]:
         f = call.get("function", call)
         args = f.get("arguments", {})
-        args = json.loads(args) if isinstance(args, str) and args.strip() else args or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise ValueError(f"the arguments of the earlier call to {f['name']!r} in the "
+                                 f"messages are not JSON ({e}): {args[:100]!r}") from e
         body = json.dumps({"name": f["name"], "arguments": args}, ensure_ascii=False)
         blocks.append(f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}")
     content = _text(message.get("content"))
