@@ -65,7 +65,7 @@ def test_two_processes_match_one(tmp_path: Path, grad_accum: int):
         str(two_out),
         "--no-export",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ckpt = load_checkpoint(two_out)
     two = [loss for _, loss in ckpt["history"]["train"]]
