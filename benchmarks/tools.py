@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import jsonschema
 import torch
-from common import peak_rss_mib, save
+from common import commit, peak_rss_mib, save
 from rich.console import Console
 from rich.table import Table
 
@@ -233,8 +233,7 @@ def clip(text: str, keep: int = 200) -> str:
 
 
 def pellucid_changes() -> list[str]:
-    """Files under pellucid/ that differ from HEAD: others edit this tree while a run goes on, and
-    the commit that save() records is read at the end."""
+    """Files under pellucid/ that differ from HEAD: others edit this tree while a run goes on."""
     out = subprocess.run(["git", "status", "--porcelain", "--", "pellucid"], capture_output=True,
                          text=True, check=False, cwd=Path(__file__).parent)
     return [line[3:] for line in out.stdout.splitlines()]
@@ -264,7 +263,7 @@ def main() -> None:
     categories = [CATEGORIES[c.strip()] for c in args.categories.split(",")]
     modes = {"both": [True, False], "on": [True], "off": [False]}[args.constrained]
 
-    changes = pellucid_changes()
+    code = {"commit_at_start": commit(), "pellucid_changes_at_start": pellucid_changes()}
     checker, language = load_checker()
     llm = LLM(args.model)
     rows = []
@@ -284,7 +283,7 @@ def main() -> None:
     save(f"tools{tag}", {
         "model": Path(args.model).stem if Path(args.model).exists() else args.model,
         "versions": {p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema")},
-        "pellucid_changes_at_start": changes, "limit": args.limit, "results": rows,
+        **code, "limit": args.limit, "results": rows,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "workload": "BFCL v4 entries in file order; greedy; tool_choice required (auto for "
                     "irrelevance); max_tokens 256 (512 for parallel)",
