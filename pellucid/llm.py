@@ -71,9 +71,10 @@ class LLM:
         return list(prompt)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        return self._chat_ids(self.tokenizer.apply_chat_template(messages))
+        return self.encode_chat(self.tokenizer.apply_chat_template(messages))
 
-    def _chat_ids(self, text: str) -> list[int]:
+    def encode_chat(self, text: str) -> list[int]:
+        """Token ids of an already rendered chat: its control tokens parsed, no BOS added."""
         return self.tokenizer.encode(text, add_special=False, parse_special=True)
 
     # --- generation -----------------------------------------------------------------------
@@ -120,7 +121,7 @@ class LLM:
         params = params or SamplingParams()
         if chat.grammar is not None:
             params = dataclasses.replace(params, grammar=chat.grammar)
-        for out in self._stream_ids(self._chat_ids(chat.prompt), params):
+        for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls
             yield out

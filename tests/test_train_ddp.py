@@ -55,6 +55,10 @@ def test_two_processes_match_one(tmp_path: Path, grad_accum: int):
         "-m",
         "torch.distributed.run",
         "--standalone",
+        # Rank 0 serves the rendezvous store on this address; the default is the
+        # host name, which need not resolve (CI's does not).
+        "--local-addr",
+        "127.0.0.1",
         "--nproc-per-node",
         "2",
         "-m",

@@ -38,9 +38,7 @@ class GrammarCompiler:
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A fresh matcher for one request; a grammar that does not compile is a ValueError."""
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.ll_tokenizer)
-        if error and not error.startswith("WARNING"):
-            raise ValueError(f"the grammar does not compile: {error}")
+        # The constructor never raises: a bad grammar leaves the matcher in an error state.
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise ValueError(f"the grammar does not compile: {matcher.get_error()}")

@@ -38,6 +38,7 @@ from pellucid.server.protocol import (
 )
 from pellucid.server.state import ServerState
 from pellucid.structured import ToolCallStream, parse_tool_calls
+from pellucid.tokenizer import Tokenizer
 
 
 class HandleStream(StreamingResponse):
@@ -74,13 +75,7 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
         return Response(status_code=499)  # the client closed the request: nobody reads this
     tok = state.llm.tokenizer
     choices = [
-        ChatChoice(
-            index=i,
-            message=_message(out, prompt.parse_calls),
-            finish_reason=_finish_reason(out, prompt.parse_calls),
-            logprobs=R.chat_logprobs(tok, out.logprobs) if out.logprobs is not None else None,
-        )
-        for i, out in sorted(finals.items())
+        _choice(i, out, prompt.parse_calls, tok) for i, out in sorted(finals.items())
     ]
     used = sum(len(o.token_ids) for o in finals.values())
     return JSONResponse(
@@ -95,21 +90,20 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
     )
 
 
-def _message(out: RequestOutput, parse_calls: bool) -> ChatMessageOut:
-    if not parse_calls:
-        return ChatMessageOut(content=out.text)
-    reply = parse_tool_calls(out.text)
-    calls = [ToolCallItem(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-             for c in reply.tool_calls]
-    return ChatMessageOut(content=reply.content or (None if calls else ""),
-                          tool_calls=calls or None)
-
-
-def _finish_reason(out: RequestOutput, has_calls: bool) -> str | None:
-    """OpenAI ends a reply that called tools with "tool_calls" rather than "stop"."""
-    if has_calls and out.finish_reason == "stop" and parse_tool_calls(out.text).tool_calls:
-        return "tool_calls"
-    return out.finish_reason
+def _choice(index: int, out: RequestOutput, parse_calls: bool, tok: Tokenizer) -> ChatChoice:
+    """One finished choice; with tools on, its <tool_call> blocks become `tool_calls`, and a
+    reply that called tools ends with "tool_calls" rather than "stop", as OpenAI's does."""
+    message, reason = ChatMessageOut(content=out.text), out.finish_reason
+    if parse_calls:
+        reply = parse_tool_calls(out.text)
+        calls = [ToolCallItem(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                 for c in reply.tool_calls]
+        message = ChatMessageOut(content=reply.content or (None if calls else ""),
+                                 tool_calls=calls or None)
+        if calls and reason == "stop":
+            reason = "tool_calls"
+    logprobs = R.chat_logprobs(tok, out.logprobs) if out.logprobs is not None else None
+    return ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs)
 
 
 async def _chat_events(

@@ -49,7 +49,7 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
         raise bad_request(
             f"the model's chat template could not render the messages: {e}", "messages"
         ) from e
-    ids = llm._chat_ids(chat.prompt)
+    ids = llm.encode_chat(chat.prompt)
     check_prompt(llm, ids, "messages")
     if chat.grammar is not None:
         try:  # compile once here, so a schema llguidance refuses is a 400, not a failed stream
