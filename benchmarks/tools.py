@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/tools.py [--model smollm2-135m] [--limit 30] [--threads 1]
         [--constrained both|on|off] [--categories simple,multiple,parallel,irrelevance]
+        [--frequency-penalty 0.5] [--ids simple_python_37,...]
 
 Per category and mode: n; valid calls (every call parses, names a given function and its arguments
 match the schema; for irrelevance: no call at all); AST accuracy from bfcl-eval's own checker; and
-replies cut off at max_tokens. Greedy decoding. --limit 0 runs all 1040 entries, hours on 2 CPU
+replies cut off at max_tokens. Greedy decoding with a frequency penalty (0.5 by default, the same
+in both modes): without one, SmolLM2 loops inside some arguments ("Santa Barbara", "Santa Barbara",
+...) until max_tokens, a valid prefix of a call that never ends (30 of 400 simple). --limit 0 runs all 1040 entries, hours on 2 CPU
 cores, so the default is the first 30 of each category (~20 min). On a machine shared with other
 work, --threads 1 avoids OpenMP oversubscription (40x slower here). Last line: one JSON object.
 """
@@ -76,7 +79,7 @@ def load_checker() -> tuple[Checker, object]:
     return ast_checker, Language.PYTHON
 
 
-def load(category: Category, limit: int) -> list[dict]:
+def load(category: Category, limit: int, ids: set[str]) -> list[dict]:
     """BFCL entries (JSON lines), each with its ground truth under "answer" where there is one."""
     data = Path(importlib.util.find_spec("bfcl_eval").origin).parent / "data"
     name = f"BFCL_v4_{category.file}.json"
@@ -87,6 +90,8 @@ def load(category: Category, limit: int) -> list[dict]:
         truth = {a["id"]: a["ground_truth"] for a in map(json.loads, lines)}
         for e in entries:
             e["answer"] = truth[e["id"]]
+    if ids:
+        entries = [e for e in entries if e["id"] in ids]
     return entries[:limit] if limit else entries
 
 
@@ -160,7 +165,7 @@ def ast_verdict(entry: dict, text: str, category: Category, names: dict[str, str
 
 
 def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: bool,
-             checker: Checker, language: object) -> dict:
+             checker: Checker, language: object, frequency_penalty: float) -> dict:
     start = time.perf_counter()
     requests, compile_errors, prepared = [], {}, []
     for e in entries:
@@ -169,7 +174,8 @@ def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: boo
                             tool_choice=category.tool_choice, parallel_tool_calls=category.parallel,
                             constrained=constrained)
         ids = llm.tokenizer.encode(chat.prompt, parse_special=True)
-        params = SamplingParams(temperature=0, max_tokens=category.max_tokens, grammar=chat.grammar)
+        params = SamplingParams(temperature=0, max_tokens=category.max_tokens,
+                                frequency_penalty=frequency_penalty, grammar=chat.grammar)
         if chat.grammar is not None:
             try:  # compile now, so a grammar llguidance rejects is reported, not fatal
                 llm.engine.grammars.matcher(chat.grammar)
@@ -257,6 +263,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="per category; 0 = all")
     ap.add_argument("--constrained", choices=("both", "on", "off"), default="both")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
+    ap.add_argument("--frequency-penalty", type=float, default=0.5)
+    ap.add_argument("--ids", default="", help="only these entry ids (comma-separated)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,25 +276,30 @@ def main() -> None:
     llm = LLM(args.model)
     rows = []
     for category in categories:
-        entries = load(category, args.limit)
+        entries = load(category, args.limit, set(filter(None, args.ids.split(","))))
         for constrained in modes:
-            rows.append(run_mode(llm, category, entries, constrained, checker, language))
+            rows.append(run_mode(llm, category, entries, constrained, checker, language,
+                                 args.frequency_penalty))
             r = rows[-1]
             print(f"{category.name:12s} grammar {'on ' if constrained else 'off'} n {r['n']:4d}  "
                   f"valid {r['valid_rate']:6.1%}  AST {r['ast_accuracy']:6.1%}  "
                   f"hit max_tokens {r['hit_max_tokens']:3d}  {r['seconds']:.0f} s", flush=True)
     print_table(rows)
-    default = args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT
-    tag = "" if default else f"-{'-'.join(c.name for c in categories)}-n{args.limit or 'all'}"
+    default = (args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT
+               and not args.ids)
+    size = "ids" if args.ids else args.limit or "all"
+    tag = "" if default else f"-{'-'.join(c.name for c in categories)}-n{size}"
     if args.constrained != "both":
         tag += f"-grammar-{args.constrained}"
     save(f"tools{tag}", {
         "model": Path(args.model).stem if Path(args.model).exists() else args.model,
         "versions": {p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema")},
-        **code, "limit": args.limit, "results": rows,
+        **code, "limit": args.limit, "ids": args.ids, "frequency_penalty": args.frequency_penalty,
+        "results": rows,
         "peak_rss_mib": round(peak_rss_mib(), 1),
-        "workload": "BFCL v4 entries in file order; greedy; tool_choice required (auto for "
-                    "irrelevance); max_tokens 256 (512 for parallel)",
+        "workload": f"BFCL v4 entries in file order; greedy, frequency_penalty "
+                    f"{args.frequency_penalty}; tool_choice required (auto for irrelevance); "
+                    "max_tokens 256 (512 for parallel)",
     })
 
 

@@ -17,6 +17,7 @@ from pellucid.structured import (
     response_format_grammar,
     tool_call_grammar,
 )
+from pellucid.structured.grammars import MAX_PARALLEL_CALLS
 from pellucid.structured.tool_prompt import messages_with_tools
 
 WEATHER = {"type": "function", "function": {
@@ -54,7 +55,9 @@ def test_required_grammar_accepts_exactly_valid_calls(smollm2: LLM) -> None:
     assert not _accepts(g, grammar, good.replace("get_weather", "get_wether"))  # no such tool
     assert not _accepts(g, grammar, "It is sunny.")  # a call is required
     assert not _accepts(g, grammar, good + "\n" + good)  # one call only
-    assert _accepts(g, tool_call_grammar([WEATHER], "required", parallel=True), good + "\n" + good)
+    parallel = tool_call_grammar([WEATHER], "required", parallel=True)
+    assert _accepts(g, parallel, "\n".join([good] * MAX_PARALLEL_CALLS))
+    assert not _accepts(g, parallel, "\n".join([good] * (MAX_PARALLEL_CALLS + 1)))
 
 
 def test_auto_grammar_allows_text_and_constrains_a_started_call(smollm2: LLM) -> None:
@@ -121,6 +124,24 @@ def test_tool_call_stream_holds_partial_tags() -> None:
     assert "".join(seen) == "Hi  bye <tool"
     assert [c.name for c in calls] == ["a"]
     assert all("<tool_c" not in s for s in seen[:-1])
+
+
+def test_a_closing_tag_inside_an_argument_string_does_not_end_the_call() -> None:
+    code = 'print("</tool_call>")'
+    text = ('<tool_call>\n' + json.dumps({"name": "python", "arguments": {"code": code}})
+            + '\n</tool_call> done <tool_call>{"name": "b"}</tool_call>')
+    reply = parse_tool_calls(text)
+    assert [c.name for c in reply.tool_calls] == ["python", "b"]
+    assert reply.tool_calls[0].args == {"code": code}
+    assert reply.content == "done" and not reply.errors
+    stream, seen, calls = ToolCallStream(), [], []
+    for ch in text:  # one character at a time: every cut through the block is tried
+        t, c = stream.feed(ch)
+        seen.append(t)
+        calls += c
+    seen.append(stream.flush())
+    assert [c.args for c in calls] == [{"code": code}, {}]
+    assert "".join(seen) == " done "
 
 
 def test_tool_turns_become_text_for_templates_without_tools() -> None:

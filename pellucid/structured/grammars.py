@@ -17,6 +17,9 @@ from pellucid.structured.tool_calls import CALL_CLOSE, CALL_OPEN
 # see in their training data.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _CALL = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"'
+# Parallel calls per reply, at most. A small model, free to add calls, repeats its last one until
+# max_tokens (BFCL parallel: 23 of 30 replies); BFCL's parallel entries need 2-4.
+MAX_PARALLEL_CALLS = 8
 
 
 def tool_call_grammar(tools: list[dict], tool_choice: str | dict = "required",
@@ -27,7 +30,7 @@ def tool_call_grammar(tools: list[dict], tool_choice: str | dict = "required",
         return None
     if choice not in ("auto", "required"):
         tools = [t for t in tools if function_of(t)["name"] == choice]
-    more = f' ("\\n" {_CALL})*' if parallel else ""
+    more = f' ("\\n" {_CALL}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     if choice == "auto":
         start = (f'start: free_text | call_open "\\n" body "\\n{CALL_CLOSE}"{more}\n'
                  f'call_open[lazy]: TEXT "{CALL_OPEN}"\n'

@@ -7,12 +7,11 @@ finished reply; `ToolCallStream` splits a stream into plain-text deltas and whol
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+_JSON = json.JSONDecoder()
 
 
 @dataclass(slots=True)
@@ -40,21 +39,52 @@ class ParsedReply:
 
 def parse_tool_calls(text: str) -> ParsedReply:
     """Split a reply into its text and its calls; a malformed block stays in the text."""
-    calls, errors, kept, end = [], [], [], 0
-    for match in _BLOCK.finditer(text):
-        kept.append(text[end:match.start()])
-        call, error = _read_call(match.group(1))
+    calls, errors, kept, pos = [], [], [], 0
+    while (start := text.find(CALL_OPEN, pos)) >= 0:
+        block = _block_at(text, start, final=True)
+        if block is None:  # opened and never closed: the reply was cut off mid-call
+            errors.append("a <tool_call> block was not closed (the reply hit its token limit?)")
+            break
+        end, call, error = block
+        kept.append(text[pos:start])
         if call is None:
             errors.append(error)
-            kept.append(match.group(0))
+            kept.append(text[start:end])
         else:
             calls.append(call)
-        end = match.end()
-    tail = text[end:]
-    if CALL_OPEN in tail:  # opened and never closed: the reply was cut off mid-call
-        errors.append("a <tool_call> block was not closed (the reply hit its token limit?)")
-    kept.append(tail)
+        pos = end
+    kept.append(text[pos:])
     return ParsedReply("".join(kept).strip(), calls, errors)
+
+
+def _block_at(text: str, start: int, final: bool) -> tuple[int, ToolCall | None, str] | None:
+    """The block that opens at `start`: (its end, the call or None, why not); None while it is
+    not closed yet. The JSON is read first, so a `</tool_call>` inside one of its strings (code
+    for a python tool, say) does not end the block; a body that is not JSON ends at the first tag.
+    Mid-stream (not final), JSON that may still be growing waits for more text."""
+    body = start + len(CALL_OPEN)
+    i = _skip_space(text, body)
+    try:
+        _, j = _JSON.raw_decode(text, i)
+    except json.JSONDecodeError as e:
+        if not final and (e.msg.startswith("Unterminated string") or e.pos >= len(text)):
+            return None
+    else:
+        k = _skip_space(text, j)
+        if text.startswith(CALL_CLOSE, k):
+            return k + len(CALL_CLOSE), *_read_call(text[body:k])
+        if not final and CALL_CLOSE.startswith(text[k:]):  # the tag is still arriving
+            return None
+    close = text.find(CALL_CLOSE, body)
+    if close < 0:
+        return None
+    return close + len(CALL_CLOSE), *_read_call(text[body:close])
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
 
 
 def _read_call(body: str) -> tuple[ToolCall | None, str]:
@@ -96,17 +126,16 @@ class ToolCallStream:
                 self._held = self._held[safe:]
                 break
             text.append(self._held[:start])
-            end = self._held.find(CALL_CLOSE, start)
-            if end < 0:
+            block = _block_at(self._held, start, final=False)
+            if block is None:
                 self._held = self._held[start:]
                 break
-            block = self._held[start:end + len(CALL_CLOSE)]
-            call, _ = _read_call(block[len(CALL_OPEN):-len(CALL_CLOSE)])
+            end, call, _ = block
             if call is None:
-                text.append(block)
+                text.append(self._held[start:end])
             else:
                 calls.append(call)
-            self._held = self._held[end + len(CALL_CLOSE):]
+            self._held = self._held[end:]
         return "".join(text), calls
 
     def flush(self) -> str:
