@@ -188,6 +188,15 @@ def test_search_wikipedia_finds_who_wrote_hamlet() -> None:
     assert "William Shakespeare" in text
 
 
+def test_search_can_show_only_the_first_sentences() -> None:
+    one = make_search_tool(k=1, sentences=1)({"query": "Hamlet"})
+    two = make_search_tool(k=1, sentences=2)({"query": "Hamlet"})
+    assert one.startswith("[1] Hamlet: ") and one.endswith("1601.")  # "... Shakespeare ... 1601."
+    assert two.startswith(one + " It is ") and two.endswith(".")  # "It is Shakespeare's ..."
+    with pytest.raises(ValueError, match="sentences"):
+        make_search_tool(sentences=0)
+
+
 def test_search_folder_picks_the_right_file(tmp_path: Path) -> None:
     (tmp_path / "cats.txt").write_text("Cats are small felines that purr and hunt mice.")
     (tmp_path / "rockets.md").write_text("# Rockets\n\nA rocket reaches orbit by burning fuel.")

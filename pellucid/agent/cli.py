@@ -44,7 +44,7 @@ def run_agent(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.tools.split(",") if n.strip()]
     tools = builtin_tools([n for n in names if n != "search"])
     if "search" in names:
-        tools.append(make_search_tool(args.search_folder, k=1))
+        tools.append(make_search_tool(args.search_folder, k=1, sentences=2))
     with contextlib.ExitStack() as stack:
         for command in args.mcp:
             tools += stack.enter_context(MCPConnection(shlex.split(command))).tools

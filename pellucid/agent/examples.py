@@ -1,7 +1,8 @@
 """Worked examples of the tool loop, shown to the model as earlier turns of the conversation.
 
-A 135M model cannot infer from a tool list alone when to call what; one complete episode
-(question -> calls -> results -> answer) shows it the pattern. An example is used only when the
+A 135M model cannot infer from a tool list alone when to call what; complete episodes
+(question -> calls -> results -> answer) show it the pattern, and the answers show it how to
+answer from a result: copy the fact the question asks for. An example is used only when the
 agent has every tool it calls, so the model never sees a tool it cannot use.
 """
 
@@ -16,9 +17,17 @@ EXAMPLES = [
         {"calculator", "search"},
         "What is 6+9, and what is the capital of France?",
         [("calculator", {"expression": "6+9"}), ("search", {"query": "France"})],
-        ["6+9 = 15", ("[1] France: France is a country in Western Europe. Its capital and "
+        ["6+9 = 15", ("[1] France: France is a country in Western Europe whose capital and "
                      "largest city is Paris.")],
         "6+9 = 15, and the capital of France is Paris.",
+    ),
+    (  # a "who" question: the answer names the person the result names
+        {"calculator", "search"},
+        "What is 8*7, and who painted the Mona Lisa?",
+        [("calculator", {"expression": "8*7"}), ("search", {"query": "Mona Lisa"})],
+        ["8*7 = 56", ("[1] Mona Lisa: The Mona Lisa is a half-length portrait painting by "
+                     "Italian artist Leonardo da Vinci.")],
+        "8*7 = 56, and the Mona Lisa was painted by Leonardo da Vinci.",
     ),
 ]
 

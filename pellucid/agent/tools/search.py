@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from .tool import Tool, tool
 
 _SNIPPET_CHARS = 600
 _CHUNK_CHARS = 2000  # a file longer than this is indexed as several paragraph groups
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 _INDEXES: dict[tuple, _Index] = {}  # one per source, shared by every search tool of the process
 
 
@@ -27,10 +29,17 @@ class _Index:
     retriever: bm25s.BM25
 
 
-def make_search_tool(folder: str | Path | None = None, k: int = 3) -> Tool:
-    """A "search" tool over `folder` (its .txt and .md files) or, if None, Wikipedia leads."""
+def make_search_tool(folder: str | Path | None = None, k: int = 3,
+                     sentences: int | None = None) -> Tool:
+    """A "search" tool over `folder` (its .txt and .md files) or, if None, Wikipedia leads.
+
+    Each hit shows its first ~600 characters, or only its first `sentences` sentences: a small
+    model answers by copying from the result, and a short one holds little else to copy.
+    """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    if sentences is not None and sentences < 1:
+        raise ValueError(f"sentences must be at least 1, got {sentences}")
     if folder is None:
         source, what = ("wikipedia",), "an offline encyclopedia (Wikipedia lead sections)"
     else:
@@ -55,7 +64,7 @@ def make_search_tool(folder: str | Path | None = None, k: int = 3) -> Tool:
         if not hits:
             return f"No results for {query!r}; try other keywords."
         lines = [
-            f"[{n}] {index.titles[i]}: {_snippet(index.texts[i])}"
+            f"[{n}] {index.titles[i]}: {_snippet(index.texts[i], sentences)}"
             for n, (i, _) in enumerate(hits, 1)
         ]
         return "\n".join(lines)
@@ -118,8 +127,10 @@ def _chunks(text: str) -> list[str]:
     return chunks or [text]
 
 
-def _snippet(text: str) -> str:
+def _snippet(text: str, sentences: int | None) -> str:
     text = " ".join(text.split())
+    if sentences is not None:
+        text = " ".join(_SENTENCE_END.split(text)[:sentences])
     if len(text) <= _SNIPPET_CHARS:
         return text
     return text[:_SNIPPET_CHARS].rsplit(" ", 1)[0] + " …"
