@@ -174,8 +174,8 @@ def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: boo
                             tool_choice=category.tool_choice, parallel_tool_calls=category.parallel,
                             constrained=constrained)
         ids = llm.tokenizer.encode(chat.prompt, parse_special=True)
-        params = SamplingParams(temperature=0, max_tokens=category.max_tokens,
-                                frequency_penalty=frequency_penalty, grammar=chat.grammar)
+        params = chat.constrain(SamplingParams(temperature=0, max_tokens=category.max_tokens,
+                                               frequency_penalty=frequency_penalty))
         if chat.grammar is not None:
             try:  # compile now, so a grammar llguidance rejects is reported, not fatal
                 llm.engine.grammars.matcher(chat.grammar)

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,9 +117,7 @@ class LLM:
         chat = prepare_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice,
                             parallel_tool_calls=parallel_tool_calls,
                             response_format=response_format)
-        params = params or SamplingParams()
-        if chat.grammar is not None:
-            params = dataclasses.replace(params, grammar=chat.grammar)
+        params = chat.constrain(params or SamplingParams())
         for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls

@@ -10,6 +10,7 @@ import torch
 
 from pellucid import LLM, SamplingParams
 from pellucid.engine.grammar import GrammarCompiler, unpack_bitmask
+from pellucid.engine.sampler import SamplerState, sample
 from pellucid.structured import (
     ToolCallStream,
     parse_tool_calls,
@@ -100,6 +101,45 @@ def test_chat_with_required_tools_returns_valid_calls(smollm2: LLM) -> None:
     assert len(out.tool_calls) == 1 and out.tool_calls[0].name == "get_weather"
     jsonschema.validate(out.tool_calls[0].args, WEATHER["function"]["parameters"])
     assert sum(out.forced) > 10  # the tags and the name's JSON are forced, not chosen
+
+
+def _loop_on(smollm2: LLM, piece: str, params: SamplingParams) -> list[int]:
+    """Greedy decoding where the model always most wants `piece`: a loop, as small models do."""
+    g = GrammarCompiler(smollm2.tokenizer)
+    state = SamplerState(params, [1], smollm2.model.cfg.vocab_size)
+    state.matcher, state.grammars = g.matcher(params.grammar), g
+    looping = smollm2.tokenizer.encode(piece)
+    assert len(looping) == 1
+    logits = torch.zeros(1, smollm2.model.cfg.vocab_size)
+    logits[0, looping[0]] = 10.0
+    out = []
+    while len(out) < params.max_tokens:
+        token = int(sample(logits, [state]).token_ids[0])
+        if token in smollm2.tokenizer.eos_ids:
+            break
+        out.append(token)
+        state.update(token)
+    return out
+
+
+def test_close_margin_ends_a_looping_call_valid(smollm2: LLM) -> None:
+    grammar = tool_call_grammar([WEATHER], "required", parallel=False)
+    looping = SamplingParams(temperature=0, max_tokens=60, grammar=grammar)
+    text = smollm2.tokenizer.decode(_loop_on(smollm2, " Oslo", looping))
+    assert not parse_tool_calls(text).tool_calls  # without a margin: cut off inside the city
+    closing = SamplingParams(temperature=0, max_tokens=60, grammar=grammar,
+                             grammar_close_margin=16)
+    ids = _loop_on(smollm2, " Oslo", closing)
+    reply = parse_tool_calls(smollm2.tokenizer.decode(ids))
+    assert len(ids) < 60 and not reply.errors
+    assert reply.tool_calls[0].args["city"].startswith(" Oslo Oslo")
+    # "}}" inside a string is text, not a close: quotes must win while a string is open
+    reply = parse_tool_calls(smollm2.tokenizer.decode(_loop_on(smollm2, "}}", closing)))
+    assert not reply.errors and reply.tool_calls[0].args["city"].startswith("}}}}")
+    assert prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[WEATHER],
+                        tool_choice="required").close_margin > 0
+    assert prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[WEATHER],
+                        tool_choice="auto").close_margin == 0  # free text must not be cut
 
 
 def test_parse_tool_calls() -> None:

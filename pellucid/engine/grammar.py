@@ -18,6 +18,7 @@ from pellucid.tokenizer import Tokenizer
 
 # llguidance's marker for a control token's bytes, so grammar text can never spell one by accident.
 SPECIAL_PREFIX = b"\xff"
+CLOSERS = b'"]}'
 
 
 class GrammarCompiler:
@@ -27,6 +28,7 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self._ll: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
+        self._closing: tuple[Tensor, Tensor] | None = None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -53,6 +55,24 @@ class GrammarCompiler:
             self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask
         )
         return unpack_bitmask(bitmask, vocab_size)
+
+
+    def closing_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor]:
+        """Two (vocab_size,) bool masks, to try in turn when a reply must close its JSON (see
+        SamplingParams.grammar_close_margin): EOS and the tokens of only `"`, `]`, `}` that
+        begin with a quote, then all tokens of only those three. Quotes first: inside a string
+        `}}` is just more text, so a model left the choice would loop on it."""
+        if self._closing is None or self._closing[0].shape[0] != vocab_size:
+            tok = self.tokenizer
+            quote_first = torch.zeros(vocab_size, dtype=torch.bool)
+            closing = torch.zeros(vocab_size, dtype=torch.bool)
+            for i in range(min(vocab_size, tok.vocab_size)):
+                piece = b"" if tok.is_special(i) else tok.id_to_bytes(i)
+                closing[i] = bool(piece) and not piece.strip(CLOSERS)
+                quote_first[i] = closing[i] and piece.startswith(b'"')
+            quote_first[sorted(tok.eos_ids)] = True
+            self._closing = quote_first, closing | quote_first
+        return self._closing
 
 
 def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:

@@ -130,7 +130,9 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     """Set to -inf the tokens each row's grammar forbids; rows without a grammar are untouched.
 
     logits (B, V). A matcher in an error state allows nothing; it is then given only its stop
-    tokens (EOS), so the row ends instead of sampling from an empty distribution.
+    tokens (EOS), so the row ends instead of sampling from an empty distribution. In the last
+    `grammar_close_margin` tokens of a row's budget only closing tokens stay, where the grammar
+    allows any: a model looping inside a JSON string or array is made to finish it.
     """
     rows = [i for i, s in enumerate(states) if s.matcher is not None]
     if not rows:
@@ -142,10 +144,21 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     for row, i in enumerate(rows):
         if not allowed[row].any():
             allowed[row, eos] = True
+        if _closing_time(states[i]):
+            for tier in grammars.closing_tokens(logits.shape[-1]):
+                closing = allowed[row] & tier
+                if closing.any():
+                    allowed[row] = closing
+                    break
         mask[i] = allowed[row]
         states[i].last_mask = allowed[row]
         states[i].forced.append(int(allowed[row].sum()) == 1)
     return logits.masked_fill(~mask, NEG_INF)
+
+
+def _closing_time(state: SamplerState) -> bool:
+    margin = state.params.grammar_close_margin
+    return margin > 0 and state.params.max_tokens - len(state.forced) <= margin
 
 
 def apply_penalties(logits: Tensor, seen: Tensor, counts: Tensor, repetition: Tensor,

@@ -57,6 +57,9 @@ class SamplingParams:
     # Only text this grammar accepts can be generated: llguidance's Lark dialect, where
     # `%json {...}` inlines a JSON schema (structured/ builds them for tools and response_format).
     grammar: str | None = None
+    # The last this-many tokens of max_tokens may only close what the grammar has open (JSON
+    # strings, arrays, objects) or stop, so a looping model's JSON still ends valid; 0 = off.
+    grammar_close_margin: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +93,8 @@ class SamplingParams:
                  f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         _require(self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip()),
                  f"grammar must be None or a non-empty grammar string, got {self.grammar!r}")
+        _require(_is_int(self.grammar_close_margin) and self.grammar_close_margin >= 0,
+                 f"grammar_close_margin must be an integer >= 0, got {self.grammar_close_margin!r}")
         _require(isinstance(self.trace, (bool, TraceOptions)),
                  f"trace must be True, False or a TraceOptions, got {self.trace!r}")
 

@@ -29,6 +29,7 @@ class Prompt:
     text: str  # what `echo` puts before the completion
     grammar: str | None = None  # tool calls / response_format: what the reply must match
     parse_calls: bool = False  # tools are on: <tool_call> blocks in the reply become tool_calls
+    close_margin: int = 0  # SamplingParams.grammar_close_margin
 
 
 def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
@@ -57,7 +58,7 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
         except ValueError as e:
             raise bad_request(f"the tools' or response_format's JSON schema: {e}",
                               "tools" if tools else "response_format") from e
-    return Prompt(ids, "", chat.grammar, chat.parse_calls)
+    return Prompt(ids, "", chat.grammar, chat.parse_calls, chat.close_margin)
 
 
 def _param_of(message: str, has_tools: bool) -> str:
@@ -163,6 +164,7 @@ def sampling_params(
                     ignore_eos=request.ignore_eos,
                     trace=_trace_options(llm, request.trace),
                     grammar=prompt.grammar,
+                    grammar_close_margin=prompt.close_margin,
                     **given,
                 )
             )

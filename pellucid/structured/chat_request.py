@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pellucid.engine.sampling_params import SamplingParams
 from pellucid.structured.grammars import (
     response_format_grammar,
     tool_call_grammar,
@@ -13,12 +15,26 @@ from pellucid.structured.grammars import (
 from pellucid.structured.tool_prompt import messages_with_tools
 from pellucid.tokenizer import Tokenizer
 
+# Tokens at the end of max_tokens kept for closing a constrained reply's JSON: enough for the
+# quotes and brackets of a few nesting levels and the closing tag.
+CLOSE_MARGIN = 32
+
 
 @dataclass(slots=True)
 class PreparedChat:
     prompt: str  # the rendered chat, ready to tokenize with parse_special=True
     grammar: str | None  # for SamplingParams.grammar; None: unconstrained
     parse_calls: bool  # the reply may hold <tool_call> blocks to parse out
+    # for SamplingParams.grammar_close_margin: 0 when the grammar allows free text ("auto"),
+    # which closing tokens would cut short
+    close_margin: int = 0
+
+    def constrain(self, params: SamplingParams) -> SamplingParams:
+        """params with this chat's grammar (unchanged when there is none)."""
+        if self.grammar is None:
+            return params
+        return dataclasses.replace(params, grammar=self.grammar,
+                                   grammar_close_margin=self.close_margin)
 
 
 def prepare_chat(
@@ -47,7 +63,9 @@ def prepare_chat(
         grammar = tool_call_grammar(active, tool_choice, parallel_tool_calls)
     else:
         grammar = response_format_grammar(response_format)
-    return PreparedChat(prompt, grammar if constrained else None, bool(active))
+    if not constrained or grammar is None:
+        return PreparedChat(prompt, None, bool(active))
+    return PreparedChat(prompt, grammar, bool(active), 0 if choice == "auto" else CLOSE_MARGIN)
 
 
 def _template_has_tools(tokenizer: Tokenizer) -> bool:
