@@ -141,26 +141,26 @@ def test_bad_tool_requests_are_400(client: openai.OpenAI, bad: dict) -> None:
 
 def test_smolagents_completes_a_tool_task(server: Running) -> None:
     smolagents = pytest.importorskip("smolagents")
-    used: list[str] = []
+    asked: list[str] = []
 
     @smolagents.tool
-    def multiply(a: int, b: int) -> int:
-        """Multiply two whole numbers.
+    def capital_of(country: str) -> str:
+        """Look up the capital city of a country.
 
         Args:
-            a: The first number.
-            b: The second number.
+            country: The country's name, e.g. "Spain".
         """
-        used.append(f"{a}*{b}")
-        return a * b
+        asked.append(country)
+        return {"France": "Paris"}.get(country, "unknown")
 
     model = smolagents.OpenAIModel(model_id=MODEL, api_base=server.url + "/v1", api_key=KEY,
                                    temperature=0, max_tokens=120)
-    agent = smolagents.ToolCallingAgent(tools=[multiply], model=model, max_steps=4,
+    agent = smolagents.ToolCallingAgent(tools=[capital_of], model=model, max_steps=4,
                                         verbosity_level=0)
-    answer = agent.run("What is 17 times 23? Use the multiply tool.")
-    assert used, "the agent never called the tool"
+    answer = agent.run("What is the capital of France?")
+    assert "France" in asked  # smolagents parsed our tool_calls and ran the tool
     steps = [s for s in agent.memory.steps if getattr(s, "tool_calls", None)]
-    assert steps and all(c.name in ("multiply", "final_answer") for s in steps
-                         for c in s.tool_calls)
-    assert answer is not None
+    assert all(c.name in ("capital_of", "final_answer") for s in steps for c in s.tool_calls)
+    # The 135M model keeps calling the tool rather than final_answer, so smolagents ends with
+    # its max-steps answer, written from the observations it sent back to the server.
+    assert "Paris" in str(answer)
