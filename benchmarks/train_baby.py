@@ -62,6 +62,7 @@ def main() -> None:
         max_iters=args.iters,
         dtype=args.dtype,
         threads=args.threads,
+        compile=args.compile,
         eval_interval=250,
         eval_iters=20,
         log_interval=100,
