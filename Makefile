@@ -31,9 +31,11 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
+	$(PIP) -e '.[bench]'
 	$(PY) benchmarks/latency.py
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/prefix_cache.py
+	$(PY) benchmarks/kv_cache.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -71,3 +71,22 @@ def save(name: str, result: dict[str, object]) -> Path:
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))  # the last line is one JSON object
     return path
+
+
+def hf_peer(model_path: str | Path):
+    """Hugging Face transformers' model for the same GGUF file (fp32, dequantized by transformers),
+    or None with the reason on stderr: the peer is optional. Needs `accelerate` (`make bench`)."""
+    import sys
+
+    import torch
+
+    try:
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_path)
+        return AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+    except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
+        print(f"transformers peer skipped: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
