@@ -56,7 +56,6 @@ class GrammarCompiler:
         )
         return unpack_bitmask(bitmask, vocab_size)
 
-
     def closing_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor]:
         """Two (vocab_size,) bool masks, to try in turn when a reply must close its JSON (see
         SamplingParams.grammar_close_margin): EOS and the tokens of only `"`, `]`, `}` that
