@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from pellucid.errors import ModelLoadError
 from pellucid.models.config import config_from_gguf
+from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
 from pellucid.weights.loader import build_from_state, read_checkpoint
 
@@ -87,3 +89,45 @@ def test_hf_folder_with_corrupt_safetensors(tmp_path):
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
         read_checkpoint(folder)
     shutil.rmtree(folder)
+
+
+def test_second_load_comes_from_the_cache(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(smollm2_path, gguf)
+    first = read_checkpoint(gguf)
+    assert (weight_cache.entry_dir(gguf) / "model.safetensors").is_file()
+    # A hit must not open the GGUF at all
+    monkeypatch.setattr("pellucid.weights.loader.GGUFFile", _refuse)
+    second = read_checkpoint(gguf)
+    assert second.config == first.config and second.gguf_metadata == first.gguf_metadata
+    assert second.state.keys() == first.state.keys()
+    for name, t in first.state.items():
+        assert torch.equal(second.state[name], t), name
+
+
+def test_an_edited_file_or_a_damaged_entry_misses(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(smollm2_path, gguf)
+    read_checkpoint(gguf)
+    entry = weight_cache.entry_dir(gguf)
+    (entry / "model.safetensors").write_bytes(b"not safetensors")
+    assert weight_cache.load(gguf) is None
+    read_checkpoint(gguf)  # loads from the GGUF and repairs the entry
+    assert weight_cache.load(gguf) is not None
+    os.utime(gguf, ns=(0, 0))  # a new modification time: another key
+    assert weight_cache.entry_dir(gguf) != entry and weight_cache.load(gguf) is None
+    read_checkpoint(gguf)
+    assert weight_cache.load(gguf) is not None and not entry.exists()  # the stale one went
+
+
+def test_the_cache_can_be_turned_off(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PELLUCID_NO_CACHE", "1")
+    read_checkpoint(smollm2_path)
+    assert not (tmp_path / "cache").exists()
+
+
+def _refuse(path):
+    raise AssertionError(f"opened {path} although its conversion is cached")

@@ -13,6 +13,7 @@ from pellucid.errors import ModelLoadError
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig, config_from_gguf
 from pellucid.models.llama import LlamaModel
+from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
 from pellucid.weights.gguf_loader import gguf_state_dict
 from pellucid.weights.hf_loader import hf_config, hf_state_dict
@@ -32,9 +33,15 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         return Checkpoint(path, hf_config(path), hf_state_dict(path), None)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
+    cached = weight_cache.load(path)
+    if cached is not None:
+        metadata, state = cached
+        return Checkpoint(path, config_from_gguf(metadata, str(path)), state, metadata)
     gguf = GGUFFile(path)
     cfg = config_from_gguf(gguf.metadata, str(path))
-    return Checkpoint(path, cfg, gguf_state_dict(gguf, cfg), gguf.metadata)
+    state = gguf_state_dict(gguf, cfg)
+    weight_cache.store(path, gguf.metadata, state)
+    return Checkpoint(path, cfg, state, gguf.metadata)
 
 
 def build_from_state(
