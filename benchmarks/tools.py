@@ -37,7 +37,6 @@ from rich.console import Console
 from rich.table import Table
 
 from pellucid import LLM, SamplingParams
-from pellucid.engine.outputs import RequestOutput
 from pellucid.structured import parse_tool_calls, prepare_chat
 
 
@@ -121,17 +120,6 @@ def openai_tools(entry: dict) -> tuple[list[dict], dict[str, str], dict[str, dic
     return tools, names, schemas
 
 
-def generate(llm: LLM, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
-    """All requests at once, each with its own grammar, so the engine batches them."""
-    seqs = [llm.engine.add_request(ids, params) for ids, params in requests]
-    finals: dict[int, RequestOutput] = {}
-    while llm.engine.has_unfinished():
-        for out in llm.engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return [finals[s.request_id] for s in seqs]
-
-
 def call_error(text: str, schemas: dict[str, dict]) -> str:
     """Why the reply is not only valid calls ('' when it is)."""
     reply = parse_tool_calls(text)
@@ -184,7 +172,8 @@ def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: boo
                 continue
         requests.append((ids, params))
         prepared.append((e, names, schemas))
-    outs = generate(llm, requests)
+    # All at once, each with its own grammar, so the engine batches them.
+    outs = llm.generate([ids for ids, _ in requests], [params for _, params in requests])
     elapsed = time.perf_counter() - start
 
     valid = correct = cut = 0

@@ -78,11 +78,19 @@ class LLM:
 
     # --- generation -----------------------------------------------------------------------
     def generate(
-        self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None
+        self,
+        prompts: Prompt | list[Prompt],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Complete one prompt or many; returns one finished RequestOutput per prompt, in order."""
-        params = params or SamplingParams()
-        seqs = [self.engine.add_request(self.encode(p), params) for p in _as_list(prompts)]
+        """Complete one prompt or many, all batched together; returns one finished RequestOutput
+        per prompt, in order. `params` is shared, or a list with one per prompt (as vLLM's)."""
+        prompts = _as_list(prompts)
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; "
+                             "give one, or one per prompt")
+        seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, params)]
         finals: dict[int, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():

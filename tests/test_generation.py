@@ -30,6 +30,17 @@ def test_batch_of_prompts_keeps_order(smollm2):
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
 
 
+def test_each_prompt_can_have_its_own_params(smollm2):
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+    params = [SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=0, max_tokens=7)]
+    together = smollm2.generate(prompts, params)
+    alone = [smollm2.generate(p, sp)[0] for p, sp in zip(prompts, params)]
+    assert [len(o.token_ids) for o in together] == [3, 7]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    with pytest.raises(ValueError, match="one per prompt"):
+        smollm2.generate(prompts, params[:1])
+
+
 def test_seeded_sampling_repeats_and_seeds_differ(smollm2):
     def run(seed: int) -> list[int]:
         params = SamplingParams(temperature=1.0, max_tokens=16, seed=seed, ignore_eos=True)
