@@ -10,7 +10,7 @@ A grammar is llguidance's Lark dialect (`%json {...}` inlines a JSON schema); se
 from __future__ import annotations
 
 import llguidance
-import llguidance.torch
+import llguidance.numpy  # not llguidance.torch: importing it loads torch.compile (+2 s, +115 MB)
 import torch
 from torch import Tensor
 
@@ -50,11 +50,11 @@ class GrammarCompiler:
         """(B, vocab_size) bool: the tokens each matcher allows next, computed in parallel."""
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        bitmask = llguidance.torch.allocate_token_bitmask(len(matchers), self.ll_tokenizer.vocab_size)
-        llguidance.torch.fill_next_token_bitmask_par(
+        bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), self.ll_tokenizer.vocab_size)
+        llguidance.numpy.fill_next_token_bitmask_par(
             self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask
         )
-        return unpack_bitmask(bitmask, vocab_size)
+        return unpack_bitmask(torch.from_numpy(bitmask), vocab_size)
 
     def closing_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor]:
         """Two (vocab_size,) bool masks, to try in turn when a reply must close its JSON (see
