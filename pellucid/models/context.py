@@ -30,6 +30,7 @@ class DecodeBatch:
     rows: Tensor  # (B,) their rows among the step's tokens
     block_tables: Tensor  # (B, max_blocks) int64, padded with block 0 (masked out)
     ctx_lens: Tensor  # (B,) tokens in each cache including the new one
+    masks: dict[int | None, Tensor] = field(default_factory=dict)  # by window: (B, 1, 1, max_len)
 
 
 @dataclass(slots=True)

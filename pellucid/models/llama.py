@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
 from pellucid.models.layers import MLP, Attention, RMSNorm
-from pellucid.models.rope import rope_cos_sin
+from pellucid.models.rope import rope_cos_sin, rope_for_heads
 
 
 class Block(nn.Module):
@@ -73,7 +73,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             key = self.rope_key(i)
             if key not in tables:
-                tables[key] = self.rope_tables(positions, i)
+                tables[key] = rope_for_heads(*self.rope_tables(positions, i), x.dtype)
             x = layer(x, positions, tables[key], ctx)
             if ctx is not None and ctx.capture_hidden_rows is not None:  # a traced request
                 ctx.layer_hidden.append(x[0, ctx.capture_hidden_rows])

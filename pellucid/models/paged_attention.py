@@ -63,9 +63,14 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
         B, max_len = d.block_tables.shape[0], d.block_tables.shape[1] * k_cache.shape[1]
         keys = k_cache[d.block_tables].view(B, max_len, n_kv, head_dim).transpose(1, 2)
         values = v_cache[d.block_tables].view(B, max_len, n_kv, head_dim).transpose(1, 2)
-        # Causality also hides the padding: every padded slot lies after the query's position.
-        mask = attention_mask((d.ctx_lens - 1)[:, None], torch.arange(max_len)[None], window)
-        o = attend(q[d.rows][:, :, None], keys.to(q.dtype), values.to(q.dtype), mask[:, None],
+        if window not in d.masks:  # the same for every layer with this window: made once a step
+            # Causality also hides the padding: every padded slot lies after the query's position.
+            d.masks[window] = attention_mask((d.ctx_lens - 1)[:, None],
+                                             torch.arange(max_len)[None], window)[:, None]
+        queries = q if not ctx.prefills else q[d.rows]  # without pre-fills: all rows, in order
+        o = attend(queries[:, :, None], keys.to(q.dtype), values.to(q.dtype), d.masks[window],
                    scale, keep)  # (B, H, 1, hd)
+        if not ctx.prefills:
+            return o[:, :, 0]
         out[d.rows] = o[:, :, 0]
     return out

@@ -19,8 +19,15 @@ def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: (B, T, n_heads, head_dim); cos/sin: (T, head_dim)."""
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # broadcast over heads
+    """x: (B, T, n_heads, head_dim); cos/sin: (T, head_dim), or (T, 1, head_dim) in x's dtype
+    as `rope_for_heads` makes them once per forward pass for all layers."""
+    if cos.dim() == 2:
+        cos, sin = rope_for_heads(cos, sin, x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def rope_for_heads(cos: Tensor, sin: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(T, head_dim) tables -> (T, 1, head_dim) in `dtype`: broadcast over the heads."""
+    return cos[:, None, :].to(dtype), sin[:, None, :].to(dtype)
