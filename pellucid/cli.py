@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int4"],
+                   help="float32: the reference; int4: the fast path (int4 weights, int8 LM head, "
+                        "bf16 activations)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -24,10 +24,11 @@ from pellucid.engine.sampling_params import SamplingParams
 from pellucid.errors import PromptError
 from pellucid.structured import parse_tool_calls, prepare_chat
 from pellucid.tokenizer import Tokenizer
-from pellucid.weights.loader import build_from_state, read_checkpoint
+from pellucid.weights.loader import build_from_state, load_int4, read_checkpoint
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FAST_PATH = "int4"  # int4 weights, bf16 activations and KV cache: see models/quant.py
 
 
 class LLM:
@@ -39,18 +40,22 @@ class LLM:
         max_model_len: int | None = None,
         engine: EngineConfig | None = None,
     ):
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if dtype not in DTYPES and dtype != FAST_PATH:
+            raise ValueError(f"dtype must be one of {', '.join([*DTYPES, FAST_PATH])}, "
+                             f"got {dtype!r}")
         start = time.perf_counter()
         self.path = catalog.resolve(model)
-        ckpt = read_checkpoint(self.path)
-        self.config = ckpt.config
-        if ckpt.gguf_metadata is not None:
-            self.tokenizer = Tokenizer.from_gguf_metadata(ckpt.gguf_metadata)
+        if dtype == FAST_PATH:
+            self.config, metadata, self.model = load_int4(self.path)
+            self.dtype = torch.bfloat16
+        else:
+            ckpt = read_checkpoint(self.path)
+            self.config, metadata, self.dtype = ckpt.config, ckpt.gguf_metadata, DTYPES[dtype]
+            self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
+        if metadata is not None:
+            self.tokenizer = Tokenizer.from_gguf_metadata(metadata)
         else:
             self.tokenizer = Tokenizer.from_hf_folder(self.path)
-        self.dtype = DTYPES[dtype]
-        self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
         config = engine or EngineConfig()
         if max_model_len is not None:
             config.max_model_len = max_model_len

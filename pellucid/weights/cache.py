@@ -7,7 +7,8 @@ names as safetensors, in `~/.cache/pellucid/checkpoints/<name>-<key>/`; later lo
 instead (0.4 s and 1.7 s). The key covers the file's path, size and modification time and
 CACHE_VERSION, so an edited file or a changed conversion misses; storing a new entry deletes the
 older ones of the same file name, so reinstalls do not pile up (an entry is the float32 model:
-0.5 GB for SmolLM2, 1.1 GB for Gemma 3 270M). `PELLUCID_CACHE_DIR` moves the cache;
+0.5 GB for SmolLM2, 1.1 GB for Gemma 3 270M; the int4 fast path adds its packed weights, so that
+its loads never build the float32 model at all). `PELLUCID_CACHE_DIR` moves the cache;
 `PELLUCID_NO_CACHE=1` turns it off. The cache only speeds loads up: any problem with it means a
 normal load, never a failed one.
 """
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -47,14 +49,57 @@ def entry_dir(path: Path) -> Path | None:
 
 def load(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
     """(metadata, float32 state) of a GGUF file converted before, or None."""
+    metadata = load_metadata(path)
+    state = load_tensors(path, "model") if metadata is not None else None
+    return None if state is None else (metadata, state)
+
+
+def load_metadata(path: Path) -> dict[str, Any] | None:
     where = entry_dir(path)
-    if where is None or not (where / "model.safetensors").is_file():
+    try:
+        return None if where is None else json.loads((where / "metadata.json").read_text())
+    except Exception:  # noqa: BLE001 - a missing or damaged entry is a miss
+        return None
+
+
+def load_tensors(path: Path, name: str) -> dict[str, Tensor] | None:
+    """The float32 state stored as `name`.safetensors, or None."""
+    where = entry_dir(path)
+    if where is None or not (where / f"{name}.safetensors").is_file():
         return None
     try:
-        metadata = json.loads((where / "metadata.json").read_text())
-        return metadata, load_file(where / "model.safetensors")
-    except Exception:  # noqa: BLE001 - a damaged entry is a miss; the next store replaces it
+        return load_file(where / f"{name}.safetensors")
+    except Exception:  # noqa: BLE001 - a damaged file is a miss; the next store replaces it
         return None
+
+
+def load_packed(path: Path, name: str) -> dict[str, Tensor] | None:
+    """The packed fast-path model stored as `name`.pt, memory-mapped, or None.
+
+    torch's own format, not safetensors: it aligns each tensor to 64 bytes, so the int8/int4
+    kernels can read the mapped file in place (safetensors' offsets, 24 mod 64 here, crash the
+    int8 kernel), and pages are read only as they are used.
+    """
+    where = entry_dir(path)
+    if where is None or not (where / f"{name}.pt").is_file():
+        return None
+    try:
+        return torch.load(where / f"{name}.pt", mmap=True, weights_only=True)
+    except Exception:  # noqa: BLE001 - a damaged file is a miss; the next store replaces it
+        return None
+
+
+def store_packed(path: Path, name: str, state: dict[str, Tensor]) -> None:
+    """Add the packed model to `path`'s existing entry (written aside, then renamed)."""
+    where = entry_dir(path)
+    if where is None or not (where / "metadata.json").is_file():
+        return
+    tmp = where / f".partial-{name}.pt"
+    try:
+        torch.save({k: v.contiguous() for k, v in state.items()}, tmp)
+        tmp.rename(where / f"{name}.pt")
+    except (OSError, RuntimeError):
+        tmp.unlink(missing_ok=True)
 
 
 def store(path: Path, metadata: dict[str, Any], state: dict[str, Tensor]) -> None:

@@ -1,0 +1,170 @@
+"""Int4 weights for the fast path: 4 bits per weight, one scale and zero per group of 32.
+
+Decoding one token reads every weight once, so its speed is set by how many bytes the weights
+take: int4 reads 1/8 of float32. Each group of 32 weights along the input dimension is stored as
+w = (q - 8) * scale + zero with q in 0..15 — exactly GGUF's Q4_1 layout (w = q * d + m, so
+scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights by each group's
+min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
+multiplies bf16 activations by these packed weights without unpacking them to memory.
+
+That kernel does one pass over the weights per row, so it wins for a few rows (decode) and loses
+to a bf16 GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies
+by a bf16 copy of its matrix, made the first time one is needed.
+
+The LM head is int8 (see Int8Linear). `quantize(model)` also fuses the projections that read the same input (Q/K/V, gate/up) into one
+matrix each: one kernel call instead of three or two per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pellucid.models.layers import MLP, Attention
+from pellucid.models.llama import LlamaModel
+
+GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
+INNER_K_TILES = 8  # the CPU packing's tile parameter
+CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
+DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel on this CPU
+FORMAT = "int4-v1"  # the packed model's name in the weight cache: bump when the layout changes
+
+
+class PackedLinear(nn.Module):
+    """y = x @ W.T (+ bias) for bf16 x (..., in_features) with W kept packed; a subclass says how
+    to multiply a few rows by the packed form (`packed_mm`) and how to unpack it (`dequantize`)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", None)  # (out,) bf16, for layouts with biased projections
+        self.dense: Tensor | None = None  # the bf16 matrix, made on the first many-row call
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > DENSE_ROWS:
+            if self.dense is None:
+                self.dense = self.dequantize()
+            return F.linear(x, self.dense, self.bias)
+        y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def dequantize(self) -> Tensor:
+        raise NotImplementedError
+
+
+class Int4Linear(PackedLinear):
+    """4-bit weights in groups of 32 along the input, for the decoder's projections."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features)
+        if in_features % GROUP or out_features % CHANNEL_BLOCK:
+            raise ValueError(f"int4 needs in % {GROUP} == 0 and out % {CHANNEL_BLOCK} == 0, "
+                             f"got a {out_features}x{in_features} matrix")
+        self.register_buffer("packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
+        # (in/GROUP, out, 2): the scale and zero of each group, as the kernel wants them
+        self.register_buffer("scales_zeros",
+                             torch.empty(in_features // GROUP, out_features, 2, dtype=torch.bfloat16))
+
+    @classmethod
+    def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> Int4Linear:
+        """Quantize (out, in) weights group by group: each group's min..max maps onto 0..15.
+
+        Weights on the meta device give an empty layer of the right shapes, for load_state_dict.
+        """
+        out_f, in_f = w.shape
+        layer = cls(in_f, out_f)
+        if bias is not None:
+            layer.bias = bias.detach().bfloat16()
+        if w.is_meta:
+            return layer
+        groups = w.detach().float().view(out_f, in_f // GROUP, GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-12)  # (out, in/GROUP)
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+        q = q.to(torch.int32).view(out_f, in_f)
+        layer.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, INNER_K_TILES)
+        zero = low + 8 * scale
+        layer.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
+        return layer
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP,
+                                                          self.scales_zeros)
+
+    def dequantize(self) -> Tensor:
+        """The bf16 (out, in) matrix. The CPU packing interleaves blocks of 64 output channels:
+        byte k*32 + c of a block holds channel c (low nibble) and c + 32 (high) of input k."""
+        out_f, in_f = self.out_features, self.in_features
+        blocks = self.packed.view(out_f // CHANNEL_BLOCK, in_f, CHANNEL_BLOCK // 2)
+        q = torch.cat([blocks & 15, blocks >> 4], -1).transpose(1, 2).reshape(out_f, in_f)
+        scale, zero = self.scales_zeros.unbind(-1)  # (in/GROUP, out) each
+        w = (q.view(out_f, -1, GROUP).to(torch.bfloat16) - 8) * scale.t()[..., None]
+        return (w + zero.t()[..., None]).view(out_f, in_f)
+
+
+class Int8Linear(PackedLinear):
+    """8-bit weights with one scale per output channel, for the LM head: it picks the next token
+    among the whole vocabulary, and int4 there costs 2.4% of perplexity where int8 costs 0.4%."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features)
+        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
+
+    @classmethod
+    def from_weight(cls, w: Tensor) -> Int8Linear:
+        out_f, in_f = w.shape
+        layer = cls(in_f, out_f)
+        if w.is_meta:
+            return layer
+        scale = (w.detach().float().abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
+        layer.weight = (w.float() / scale[:, None]).round().to(torch.int8)
+        layer.scales = scale.bfloat16()
+        return layer
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
+
+    def dequantize(self) -> Tensor:
+        return self.weight.to(torch.bfloat16) * self.scales[:, None]
+
+
+def fused(*linears: nn.Linear) -> Int4Linear:
+    """One Int4Linear for projections that read the same input: their rows stacked."""
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat(biases)
+    return Int4Linear.from_weight(torch.cat([lin.weight for lin in linears]), bias)
+
+
+@torch.no_grad()
+def quantize(model: LlamaModel) -> LlamaModel:
+    """Replace every projection by Int4Linear, fusing Q/K/V and gate/up, and the LM head by
+    Int8Linear. The embedding table stays bf16: a lookup reads only one row per token; when the
+    head shares it (tied embeddings), it is also the head's matrix for many rows.
+    """
+    for module in model.modules():
+        if isinstance(module, Attention):
+            a = module
+            a.qkv_proj = fused(a.q_proj, a.k_proj, a.v_proj)
+            a.o_proj = Int4Linear.from_weight(a.o_proj.weight)
+            del a.q_proj, a.k_proj, a.v_proj
+        elif isinstance(module, MLP):
+            m = module
+            m.gate_up_proj = fused(m.gate_proj, m.up_proj)
+            m.down_proj = Int4Linear.from_weight(m.down_proj.weight)
+            del m.gate_proj, m.up_proj
+    model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
+    share_embedding(model)
+    return model
+
+
+def share_embedding(model: LlamaModel) -> None:
+    """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
+    (Call again after load_state_dict(assign=True) replaces the table.)"""
+    if model.cfg.tie_embeddings:  # detached: a plain tensor attribute, not a second parameter
+        model.lm_head.dense = model.embed_tokens.weight.detach()

@@ -1,0 +1,114 @@
+"""The int4 fast path: packing, the Q4_1 round trip, quality against float32, the packed cache."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+import torch
+
+from pellucid import LLM
+from pellucid.models.quant import FORMAT, GROUP, Int4Linear
+from pellucid.weights import cache as weight_cache
+from pellucid.weights.loader import read_checkpoint
+
+with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Zen of Python
+    import this
+# A held-out text for perplexity: the Zen of Python (stored rot13 in `this`) and the json
+# module's documentation.
+HELD_TEXT = codecs.decode(this.s, "rot13") + "\n\n" + json.__doc__
+
+
+def _steps(w: torch.Tensor) -> torch.Tensor:
+    """The quantization step of each group of 32: (max - min) / 15, shaped (out, in/32, 1)."""
+    g = w.view(w.shape[0], -1, GROUP)
+    return ((g.amax(-1) - g.amin(-1)) / 15)[..., None]
+
+
+def test_int4_linear_rounds_each_weight_to_its_group_grid():
+    torch.manual_seed(0)
+    w = torch.randn(128, 96) * 0.05
+    layer = Int4Linear.from_weight(w)
+    err = (layer.dequantize().float() - w).view(128, -1, GROUP).abs()
+    assert (err <= _steps(w) * 0.5 + 2e-3).all()  # half a step, plus bf16 rounding
+    assert err.max() > 1e-3  # 4 bits really lost something: it is not a float copy
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])  # the int4 kernel, and the bf16 copy past 8 rows
+def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
+    torch.manual_seed(1)
+    w, bias = torch.randn(192, 128) * 0.05, torch.randn(192)
+    layer = Int4Linear.from_weight(w, bias)
+    x = torch.randn(2, rows, 128).bfloat16()
+    want = x.float() @ layer.dequantize().float().T + bias.bfloat16().float()
+    got = layer(x)
+    assert got.shape == (2, rows, 192) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+
+
+def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):
+    """SmolLM2's GGUF stores its matrices as Q4_1; re-quantizing them by each group's min and
+    max recovers Q4_1's integers, so only bf16 rounding of the scales remains — unlike a matrix
+    that was not on a 4-bit grid (its Q8_0 embedding), which loses up to half a step."""
+    state = read_checkpoint(smollm2_path).state
+    for name in ["layers.0.self_attn.q_proj.weight", "layers.17.mlp.down_proj.weight"]:
+        w = state[name]
+        err = (Int4Linear.from_weight(w).dequantize().float() - w).view(w.shape[0], -1, GROUP)
+        assert (err.abs() / _steps(w).clamp(min=1e-12)).max() < 0.15, name
+    emb = state["embed_tokens.weight"]
+    err = (Int4Linear.from_weight(emb).dequantize().float() - emb).view(emb.shape[0], -1, GROUP)
+    assert (err.abs() / _steps(emb).clamp(min=1e-12)).max() > 0.4
+
+
+@pytest.fixture(scope="module")
+def smollm2_int4() -> LLM:
+    return LLM("smollm2-135m", dtype="int4")
+
+
+def _nll_and_top1(llm: LLM, ids: list[int]) -> tuple[float, torch.Tensor]:
+    logits = llm.logits(ids).float()
+    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()
+    return nll, logits.argmax(-1)
+
+
+def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2, smollm2_int4):
+    ids = smollm2.encode(HELD_TEXT)
+    assert len(ids) > 300
+    nll32, top32 = _nll_and_top1(smollm2, ids)
+    nll4, top4 = _nll_and_top1(smollm2_int4, ids)
+    assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
+    assert (top4 == top32).float().mean() > 0.85  # the next-token choice mostly agrees too
+
+
+def test_fast_path_generates_the_same_text_alone_and_batched(smollm2_int4):
+    """Decode rows take the int4 kernel, pre-fill rows the bf16 copy: batching must not change
+    a greedy reply (each row's result is independent of its neighbours)."""
+    from pellucid import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    alone = [smollm2_int4.generate(p, params)[0].text for p in prompts]
+    batched = [o.text for o in smollm2_int4.generate(prompts, params)]
+    assert alone == batched
+    assert "Paris" in alone[0]
+
+
+def test_packed_weights_are_cached_and_loaded_without_the_float_model(tmp_path, smollm2_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    shutil.copy(smollm2_path, gguf)
+    first = LLM(gguf, dtype="int4")
+    assert (weight_cache.entry_dir(gguf) / f"{FORMAT}.pt").is_file()
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a warm int4 load must not read the float32 checkpoint")
+
+    monkeypatch.setattr("pellucid.weights.loader.read_checkpoint", refuse)
+    second = LLM(gguf, dtype="int4")
+    ids = first.encode("The capital of France is")
+    assert torch.equal(first.logits(ids), second.logits(ids))
