@@ -1,20 +1,23 @@
 """Latency of one request: load time, pre-fill tok/s of a 512-token prompt, decode tok/s for
 128 tokens, peak RSS. Prints median/min/max over repeats; the last line is one JSON object.
 
-    .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype float32] [--repeats 5]
-        [--no-hf] [--no-llama-cpp]
+    .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype int4|float32]
+        [--repeats 5] [--no-hf] [--no-llama-cpp]
 
-Peers in the same run, on the same GGUF and the same token ids, measured after pellucid so that
-pellucid's peak RSS is its own (`make bench` installs both): llama.cpp (llama-cpp-python, the
-quantized weights, torch's thread count) and Hugging Face transformers (fp32). HF's decode rate is
-(n - 1) tokens over generate(n) minus generate(1), llama.cpp's the time from its first generated
-token to its n-th, so neither counts pre-fill as decode.
+Peers in the same run, on the same GGUF and the same token ids (`make bench` installs both):
+llama.cpp (llama-cpp-python, the quantized weights, torch's thread count) and Hugging Face
+transformers (fp32). Each engine runs in a process of its own, so each peak RSS is its own. HF's
+decode rate is (n - 1) tokens over generate(n) minus generate(1), llama.cpp's the time from its
+first generated token to its n-th, so neither counts pre-fill as decode.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,15 +34,67 @@ from pellucid.weights.loader import read_checkpoint
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="int4", help="int4 (the fast path) or float32 (reference)")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
+    ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: measure one engine, print JSON
+    ap.add_argument("--ids", help=argparse.SUPPRESS)  # internal: the prompts' token ids (JSON)
     args = ap.parse_args()
+    if args.engine:
+        ids = json.loads(Path(args.ids).read_text()) if args.ids else None
+        print(json.dumps(MEASURE[args.engine](args, ids)))
+        return
 
-    read_checkpoint(catalog.resolve(args.model))  # fills the weight cache: the load below is warm
+    read_checkpoint(catalog.resolve(args.model))  # fills the weight cache: the loads are warm
+    result = {"model": args.model, "dtype": args.dtype, **in_subprocess("pellucid", args, None)}
+    ids = {"prompt": result.pop("prompt_ids"), "short": result.pop("short_ids")}
+    result["workload"] = f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens"
+    keys = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
+    for key in keys:
+        s = result[key]
+        print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
+    print(f"{'load_s':28s} {result['load_s']:.2f}   peak RSS {result['peak_rss_mib']} MiB")
+    for name in ("llama_cpp", "hf"):
+        if getattr(args, f"no_{name}"):
+            continue
+        peer = in_subprocess(name, args, ids)
+        if not peer:
+            continue
+        result[name] = peer
+        ratios = {k: round(result[k]["median"] / peer[k]["median"], 2) for k in keys}
+        ratios["peak_rss"] = round(result["peak_rss_mib"] / peer["peak_rss_mib"], 2)
+        result[f"ratios_vs_{name}"] = ratios
+        for k in keys:
+            print(f"{name} {k:26s} median {peer[k]['median']:8.1f}   pellucid/{name} "
+                  f"{ratios[k]:.2f}x")
+        print(f"{name} {'load_s':26s} {peer['load_s']:.2f}   peak RSS {peer['peak_rss_mib']} MiB "
+              f"(pellucid/{name} {ratios['peak_rss']:.2f}x)")
+    save("latency", result)
+
+
+def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> dict | None:
+    """Measure one engine in a fresh process, so that each peak RSS is that engine's own."""
+    cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model, "--dtype",
+           args.dtype, "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens",
+           str(args.decode_tokens), "--repeats", str(args.repeats)]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        if ids is not None:
+            json.dump(ids, f)
+            f.flush()
+            cmd += ["--ids", f.name]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        sys.exit(f"{engine} failed:\n{out.stderr[-3000:]}")
+    if out.stderr.strip():
+        print(out.stderr.strip(), file=sys.stderr)
+    last = out.stdout.strip().splitlines()[-1]
+    return json.loads(last)
+
+
+def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, object]:
     start = time.perf_counter()
     # No prefix caching: every repeat must pre-fill the same prompt from scratch.
     llm = LLM(args.model, dtype=args.dtype, engine=EngineConfig(enable_prefix_caching=False))
@@ -57,41 +112,20 @@ def main() -> None:
         return llm.generate(ids, params)[0].timings.decode_tokens_per_s
 
     prefill()  # warm-up
-    result = {
-        "model": args.model,
-        "dtype": args.dtype,
+    return {
         "load_s": round(load_s, 3),
         "prefill_tok_s": repeat(prefill, args.repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), args.repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), args.repeats),
         "peak_rss_mib": round(peak_rss_mib(), 1),
-        "workload": f"{len(prompt)}-token prompt; {args.decode_tokens} greedy tokens",
+        "prompt_ids": prompt,
+        "short_ids": short,
     }
-    keys = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
-    for key in keys:
-        s = result[key]
-        print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
-    print(f"{'load_s':28s} {load_s:.2f}   peak RSS {result['peak_rss_mib']} MiB")
-    peers = {
-        "llama_cpp": None if args.no_llama_cpp else measure_llama_cpp,
-        "hf": None if args.no_hf else measure_hf,
-    }
-    for name, measure in peers.items():
-        peer = measure and measure(llm.path, prompt, short, args.decode_tokens, args.repeats)
-        if not peer:
-            continue
-        result[name] = peer
-        ratios = {k: round(result[k]["median"] / peer[k]["median"], 2) for k in keys}
-        result[f"ratios_vs_{name}"] = ratios
-        for k in keys:
-            print(f"{name} {k:26s} median {peer[k]['median']:8.1f}   pellucid/{name} "
-                  f"{ratios[k]:.2f}x")
-        print(f"{name} {'load_s':26s} {peer['load_s']:.2f}")
-    save("latency", result)
 
 
-def measure_llama_cpp(path: str, prompt: list[int], short: list[int], n: int,
-                      repeats: int) -> dict[str, object] | None:
+def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
+    path, prompt, short = catalog.resolve(args.model), ids["prompt"], ids["short"]
+    n, repeats = args.decode_tokens, args.repeats
     try:
         import llama_cpp
     except ImportError as e:
@@ -128,11 +162,13 @@ def measure_llama_cpp(path: str, prompt: list[int], short: list[int], n: int,
         "prefill_tok_s": repeat(prefill, repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), repeats),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
 
-def measure_hf(path: str, prompt: list[int], short: list[int], n: int,
-               repeats: int) -> dict[str, object] | None:
+def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
+    path, prompt, short = catalog.resolve(args.model), ids["prompt"], ids["short"]
+    n, repeats = args.decode_tokens, args.repeats
     start = time.perf_counter()
     model = hf_peer(path)
     if model is None:
@@ -161,8 +197,11 @@ def measure_hf(path: str, prompt: list[int], short: list[int], n: int,
         "prefill_tok_s": repeat(prefill, repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), repeats),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
+
+MEASURE = {"pellucid": measure_pellucid, "llama_cpp": measure_llama_cpp, "hf": measure_hf}
 
 if __name__ == "__main__":
     main()

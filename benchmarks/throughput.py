@@ -45,7 +45,7 @@ def run_batch(llm: LLM, prompts, params) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="int4", help="int4 (the fast path) or float32")
     ap.add_argument("--seqs", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--max-input", type=int, default=256)
     ap.add_argument("--max-output", type=int, default=128)
