@@ -54,7 +54,7 @@ def main() -> None:
         system_ids = llm.tokenizer.encode(system)[: args.system_tokens]
         system = llm.tokenizer.decode(system_ids)
 
-        engine = LLMEngine(llm.model, llm.tokenizer, llm.dtype, llm.engine.config)
+        engine = LLMEngine(llm.model, llm.tokenizer, llm.kv_dtype, llm.engine.config)
         first, _ = ttft(engine, chat(llm, system, "Summarize the text above in one sentence."))
         second, cached = ttft(engine, chat(llm, system, "Who may copy this document?"))
         if r:

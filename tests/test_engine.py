@@ -26,7 +26,7 @@ def reference_greedy(model, prompt: list[int], n: int = N_NEW) -> list[int]:
 
 
 def run(llm, prompts: list[list[int]], config: EngineConfig) -> tuple[list[list[int]], LLMEngine]:
-    engine = LLMEngine(llm.model, llm.tokenizer, llm.dtype, config)
+    engine = LLMEngine(llm.model, llm.tokenizer, llm.kv_dtype, config)
     seqs = [engine.add_request(p, GREEDY) for p in prompts]
     while engine.has_unfinished():
         engine.step()
@@ -77,7 +77,7 @@ def blocks_of_4(n_tokens: int) -> int:
 
 
 def test_prefix_cache_hit(smollm2, prompts, expected):
-    engine = LLMEngine(smollm2.model, smollm2.tokenizer, smollm2.dtype, EngineConfig(block_size=4))
+    engine = LLMEngine(smollm2.model, smollm2.tokenizer, smollm2.kv_dtype, EngineConfig(block_size=4))
     shared = prompts[4]  # a long prompt: run it, then a second request extending it
     first = engine.add_request(shared, GREEDY)
     while engine.has_unfinished():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pellucid import LLM
-from pellucid.models.quant import FORMAT, GROUP, Int4Linear
+from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, packed
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.loader import read_checkpoint
 
@@ -64,6 +64,20 @@ def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):
     assert (err.abs() / _steps(emb).clamp(min=1e-12)).max() > 0.4
 
 
+def test_a_matrix_off_the_4_bit_grid_is_kept_in_int8():
+    torch.manual_seed(2)
+    off_grid = torch.randn(128, 64)
+    steps = torch.rand(128, 2, 1) * 0.01 + 0.001  # a scale and a minimum per group of 32
+    q = torch.randint(0, 16, (128, 2, 32))
+    q[..., 0], q[..., 1] = 0, 15  # each group spans the whole grid, as Q4_1's min/max do
+    on_grid = (q * steps - 0.05).view(128, 64)
+    assert isinstance(packed(on_grid), Int4Linear)
+    kept = packed(off_grid)
+    assert isinstance(kept, Int8Linear)
+    err = (kept.dequantize().float() - off_grid).norm() / off_grid.norm()
+    assert err < 0.01
+
+
 @pytest.fixture(scope="module")
 def smollm2_int4() -> LLM:
     return LLM("smollm2-135m", dtype="int4")
@@ -82,6 +96,15 @@ def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2, smollm2_
     nll4, top4 = _nll_and_top1(smollm2_int4, ids)
     assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
     assert (top4 == top32).float().mean() > 0.85  # the next-token choice mostly agrees too
+
+
+def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
+    """Gemma's GGUF stores most matrices with 5-8 bits: they stay int8 (int4 cost it 22%)."""
+    fast = LLM("gemma3-270m", dtype="int4")
+    ids = gemma3.encode(HELD_TEXT)
+    nll32, _ = _nll_and_top1(gemma3, ids)
+    nll4, _ = _nll_and_top1(fast, ids)
+    assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
 
 
 def test_fast_path_generates_the_same_text_alone_and_batched(smollm2_int4):

@@ -29,16 +29,16 @@ from pellucid.tokenizer import Tokenizer
 
 class LLMEngine:
     def __init__(
-        self, model: LlamaModel, tokenizer: Tokenizer, dtype: torch.dtype, config: EngineConfig
+        self, model: LlamaModel, tokenizer: Tokenizer, kv_dtype: torch.dtype, config: EngineConfig
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         cfg = model.cfg
         num_blocks = KVCachePool.blocks_for_budget(
-            cfg, config.kv_cache_bytes, config.block_size, dtype
+            cfg, config.kv_cache_bytes, config.block_size, kv_dtype
         )
-        self.pool = KVCachePool(cfg, num_blocks, config.block_size, dtype)
+        self.pool = KVCachePool(cfg, num_blocks, config.block_size, kv_dtype)
         # One sequence must always fit in the pool, or it could never be scheduled.
         self.max_model_len = min(
             config.max_model_len or cfg.context_length, cfg.context_length,

@@ -1,17 +1,19 @@
-"""Int4 weights for the fast path: 4 bits per weight, one scale and zero per group of 32.
+"""Packed weights for the fast path: int4 (4 bits, a scale and zero per group of 32) or int8.
 
 Decoding one token reads every weight once, so its speed is set by how many bytes the weights
 take: int4 reads 1/8 of float32. Each group of 32 weights along the input dimension is stored as
 w = (q - 8) * scale + zero with q in 0..15 — exactly GGUF's Q4_1 layout (w = q * d + m, so
 scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights by each group's
 min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
-multiplies bf16 activations by these packed weights without unpacking them to memory.
+multiplies bf16 activations by these packed weights without unpacking them to memory. A matrix
+that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is kept as
+int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
 
-That kernel does one pass over the weights per row, so it wins for a few rows (decode) and loses
+These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
 to a bf16 GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies
 by a bf16 copy of its matrix, made the first time one is needed.
 
-The LM head is int8 (see Int8Linear). `quantize(model)` also fuses the projections that read the same input (Q/K/V, gate/up) into one
+`quantize(model)` also fuses the projections that read the same input (Q/K/V, gate/up) into one
 matrix each: one kernel call instead of three or two per layer.
 """
 
@@ -28,7 +30,8 @@ GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
 CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
 DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel on this CPU
-FORMAT = "int4-v1"  # the packed model's name in the weight cache: bump when the layout changes
+MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
+FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
 
 
 class PackedLinear(nn.Module):
@@ -117,9 +120,11 @@ class Int8Linear(PackedLinear):
         self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
 
     @classmethod
-    def from_weight(cls, w: Tensor) -> Int8Linear:
+    def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> Int8Linear:
         out_f, in_f = w.shape
         layer = cls(in_f, out_f)
+        if bias is not None:
+            layer.bias = bias.detach().bfloat16()
         if w.is_meta:
             return layer
         scale = (w.detach().float().abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
@@ -134,29 +139,46 @@ class Int8Linear(PackedLinear):
         return self.weight.to(torch.bfloat16) * self.scales[:, None]
 
 
-def fused(*linears: nn.Linear) -> Int4Linear:
-    """One Int4Linear for projections that read the same input: their rows stacked."""
+def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
+    """Int4 when 4 bits lose (almost) nothing: the weights already lie on a 4-bit grid, as a
+    Q4_1 file's do (relative error ~0.3%, bf16 rounding of the scales). Otherwise int8 — Gemma's
+    Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and cost 22% of perplexity.
+    `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
+    if kind is not None:
+        return (Int4Linear if kind == "int4" else Int8Linear).from_weight(w, bias)
+    layer = Int4Linear.from_weight(w, bias)
+    err = (layer.dequantize().float() - w.float()).norm() / w.float().norm().clamp(min=1e-12)
+    return layer if err < MAX_INT4_ERROR else Int8Linear.from_weight(w, bias)
+
+
+def fused(linears: list[nn.Linear], kind: str | None) -> PackedLinear:
+    """One packed layer for projections that read the same input: their rows stacked."""
     biases = [lin.bias for lin in linears]
     bias = None if biases[0] is None else torch.cat(biases)
-    return Int4Linear.from_weight(torch.cat([lin.weight for lin in linears]), bias)
+    return packed(torch.cat([lin.weight for lin in linears]), bias, kind)
 
 
 @torch.no_grad()
-def quantize(model: LlamaModel) -> LlamaModel:
-    """Replace every projection by Int4Linear, fusing Q/K/V and gate/up, and the LM head by
-    Int8Linear. The embedding table stays bf16: a lookup reads only one row per token; when the
-    head shares it (tied embeddings), it is also the head's matrix for many rows.
+def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
+    """Replace every projection by a packed layer (int4, or int8 where int4 would lose too much),
+    fusing Q/K/V and gate/up, and the LM head by Int8Linear. The embedding table stays bf16: a
+    lookup reads only one row per token; when the head shares it (tied embeddings), it is also
+    the head's matrix for many rows. `stored`: the state-dict keys of a cached packed model,
+    which say which matrices are int4 (for a skeleton on the meta device).
     """
-    for module in model.modules():
+    def kind(name: str) -> str | None:
+        return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
+
+    for name, module in list(model.named_modules()):
         if isinstance(module, Attention):
             a = module
-            a.qkv_proj = fused(a.q_proj, a.k_proj, a.v_proj)
-            a.o_proj = Int4Linear.from_weight(a.o_proj.weight)
+            a.qkv_proj = fused([a.q_proj, a.k_proj, a.v_proj], kind(f"{name}.qkv_proj"))
+            a.o_proj = packed(a.o_proj.weight, kind=kind(f"{name}.o_proj"))
             del a.q_proj, a.k_proj, a.v_proj
         elif isinstance(module, MLP):
             m = module
-            m.gate_up_proj = fused(m.gate_proj, m.up_proj)
-            m.down_proj = Int4Linear.from_weight(m.down_proj.weight)
+            m.gate_up_proj = fused([m.gate_proj, m.up_proj], kind(f"{name}.gate_up_proj"))
+            m.down_proj = packed(m.down_proj.weight, kind=kind(f"{name}.down_proj"))
             del m.gate_proj, m.up_proj
     model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
     share_embedding(model)

@@ -85,7 +85,7 @@ def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, Lla
     if metadata is not None and packed is not None:
         cfg = config_from_gguf(metadata, str(path))
         with torch.device("meta"):
-            model = quantize(build_model(cfg).to(torch.bfloat16))
+            model = quantize(build_model(cfg).to(torch.bfloat16), stored=set(packed))
         try:
             model.load_state_dict(packed, assign=True)
         except RuntimeError:  # not what this version packs: a miss, replaced below
