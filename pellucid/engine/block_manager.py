@@ -3,7 +3,9 @@ between sequences whose token prefixes are equal (prefix caching).
 
 A full block is known by a chained hash of its tokens and its predecessor's hash, so equal hashes
 mean equal prefixes. Freed blocks keep their contents and hash; they are reused
-least-recently-freed first, so popular prefixes stay cached as long as memory allows.
+least-recently-freed first, so popular prefixes stay cached as long as memory allows. Freed
+blocks that cache nothing are reused before any of those, so that a pool in lazily committed
+memory (kv_cache.py) holds only the pages its working set needs.
 Pure bookkeeping: no tensors here.
 """
 
@@ -99,7 +101,9 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free[block_id] = None  # most recently freed: reused last
+                self.free[block_id] = None  # most recently freed: reused last ...
+                if block.hash is None:  # ... unless it caches nothing: then reused first, which
+                    self.free.move_to_end(block_id, last=False)  # also keeps few pages touched
         table.clear()
 
     def _ref(self, block_id: int) -> None:
