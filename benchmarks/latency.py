@@ -2,7 +2,7 @@
 128 tokens, peak RSS. Prints median/min/max over repeats; the last line is one JSON object.
 
     .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype int4|float32]
-        [--repeats 5] [--no-hf] [--no-llama-cpp]
+        [--compile] [--repeats 5] [--no-hf] [--no-llama-cpp]
 
 Peers in the same run, on the same GGUF and the same token ids (`make bench` installs both):
 llama.cpp (llama-cpp-python, the quantized weights, torch's thread count) and Hugging Face
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="torch.compile pellucid's decode step")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: measure one engine, print JSON
@@ -49,7 +50,8 @@ def main() -> None:
         return
 
     read_checkpoint(catalog.resolve(args.model))  # fills the weight cache: the loads are warm
-    result = {"model": args.model, "dtype": args.dtype, **in_subprocess("pellucid", args, None)}
+    result = {"model": args.model, "dtype": args.dtype, "compile": args.compile,
+              **in_subprocess("pellucid", args, None)}
     ids = {"prompt": result.pop("prompt_ids"), "short": result.pop("short_ids")}
     result["workload"] = f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens"
     keys = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
@@ -79,7 +81,7 @@ def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> di
     """Measure one engine in a fresh process, so that each peak RSS is that engine's own."""
     cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model, "--dtype",
            args.dtype, "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens",
-           str(args.decode_tokens), "--repeats", str(args.repeats)]
+           str(args.decode_tokens), "--repeats", str(args.repeats)] + ["--compile"] * args.compile
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         if ids is not None:
             json.dump(ids, f)
@@ -97,7 +99,8 @@ def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> di
 def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, object]:
     start = time.perf_counter()
     # No prefix caching: every repeat must pre-fill the same prompt from scratch.
-    llm = LLM(args.model, dtype=args.dtype, engine=EngineConfig(enable_prefix_caching=False))
+    llm = LLM(args.model, dtype=args.dtype,
+              engine=EngineConfig(enable_prefix_caching=False, compile=args.compile))
     load_s = time.perf_counter() - start
     text = Path(__file__).with_name("prompt.txt").read_text()
     prompt = llm.encode(text)[: args.prompt_tokens]
@@ -112,6 +115,7 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
         return llm.generate(ids, params)[0].timings.decode_tokens_per_s
 
     prefill()  # warm-up
+    decode(short)  # with --compile: compiles the decode step (not timed)
     return {
         "load_s": round(load_s, 3),
         "prefill_tok_s": repeat(prefill, args.repeats),

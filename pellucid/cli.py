@@ -80,6 +80,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int4"],
                    help="float32: the reference; int4: the fast path (int4 weights, int8 LM head, "
                         "bf16 activations)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode step: ~1.8x faster decoding after a one-time "
+                        "compile (~1.5 min; ~15 s once cached)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -112,7 +115,8 @@ def sampling_params(args: argparse.Namespace):
 def load(args: argparse.Namespace):
     from pellucid.llm import LLM  # imported late so `pellucid --help` stays instant
 
-    return LLM(args.model, dtype=getattr(args, "dtype", "float32"))
+    return LLM(args.model, dtype=getattr(args, "dtype", "float32"),
+               compile=getattr(args, "compile", False))
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -206,7 +210,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pellucid.llm import LLM
     from pellucid.server import create_app
 
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, compile=args.compile)
     entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
     name = entry.name if entry is not None else llm.path.name
     api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")

@@ -14,6 +14,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # tokens in one step: pre-fill chunks + decode rows
     enable_prefix_caching: bool = True
+    compile: bool = False  # torch.compile the decode step (engine/compiled_decode.py)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):

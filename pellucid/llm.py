@@ -39,6 +39,7 @@ class LLM:
         dtype: str = "float32",
         max_model_len: int | None = None,
         engine: EngineConfig | None = None,
+        compile: bool = False,
     ):
         if dtype not in DTYPES and dtype != FAST_PATH:
             raise ValueError(f"dtype must be one of {', '.join([*DTYPES, FAST_PATH])}, "
@@ -61,6 +62,7 @@ class LLM:
         config = engine or EngineConfig()
         if max_model_len is not None:
             config.max_model_len = max_model_len
+        config.compile = config.compile or compile  # torch.compile the decode step
         self.engine = LLMEngine(self.model, self.tokenizer, self.kv_dtype, config)
         self.load_s = time.perf_counter() - start
 

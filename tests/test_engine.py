@@ -4,6 +4,9 @@ preempted, or on a prefix-cache hit; both model families."""
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -99,3 +102,28 @@ def test_gemma_sliding_window_chunked_and_batched(gemma3, reference_gemma3):
     out, _ = run(gemma3, [long_prompt, short_prompt], config)
     assert out == [reference_greedy(gemma3.model, long_prompt),
                    reference_greedy(gemma3.model, short_prompt)]
+
+
+def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, prompts):
+    """torch.compile of the decode step (EngineConfig(compile=True)): the same greedy tokens,
+    alone and batched, and contexts of different lengths share one graph per kind of batch
+    (one row; several rows) — no recompile as the context grows block by block. A 2-layer
+    random model with SmolLM2's shapes otherwise: compiling all 30 layers would take minutes."""
+    from torch._dynamo.utils import counters
+
+    from pellucid.models import build_model
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(smollm2.config, n_layers=2)
+    model = build_model(cfg).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    expected = [reference_greedy(model, p) for p in prompts]
+    counters.clear()
+    short = prompts[0][:2]  # one block of 4 at first, then 2 and 3 as it decodes 6 tokens
+    alone, engine = run(tiny, [short], EngineConfig(compile=True, block_size=4))
+    assert alone == [reference_greedy(model, short)]
+    assert not engine.model_runner.compiled_decode.failed  # it did not fall back to eager
+    assert run(tiny, prompts, EngineConfig(compile=True, block_size=4))[0] == expected
+    assert counters["stats"]["unique_graphs"] <= 2

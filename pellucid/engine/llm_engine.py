@@ -47,7 +47,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size,
                                           config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.model_runner = ModelRunner(model, self.pool)
+        self.model_runner = ModelRunner(model, self.pool, config.compile)
         self.sequences: dict[int, Sequence] = {}
         self.grammars = GrammarCompiler(tokenizer)
 

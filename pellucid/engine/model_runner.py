@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pellucid.engine.compiled_decode import CompiledDecode
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
@@ -20,9 +21,10 @@ from pellucid.models.llama import LlamaModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVCachePool):
+    def __init__(self, model: LlamaModel, pool: KVCachePool, compile: bool = False):
         self.model = model
         self.pool = pool
+        self.compiled_decode = CompiledDecode(model) if compile else None
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> list[int]:
@@ -31,7 +33,10 @@ class ModelRunner:
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
-        hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
+        forward = self.model.hidden_states
+        if self.compiled_decode is not None and not ctx.prefills and not traced:
+            forward = self.compiled_decode  # every row decodes one token
+        hidden = forward(ids[None], positions, ctx)[0]  # (N, dim)
         logits, token_ids = None, []
         if last_rows:
             logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
@@ -82,7 +87,8 @@ class ModelRunner:
 def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int]) -> DecodeBatch | None:
     if not rows:
         return None
-    width = max(len(t) for t in tables)
+    # At least 2 wide: torch.compile specializes a dimension of size 1 into its own graph.
+    width = max(2, max(len(t) for t in tables))
     padded = [t + [0] * (width - len(t)) for t in tables]  # block 0 as filler, masked out
     return DecodeBatch(torch.tensor(rows), torch.tensor(padded), torch.tensor(lens))
 
