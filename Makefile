@@ -32,8 +32,8 @@ test: setup
 
 bench: setup
 	$(PIP) -e '.[bench]'
-	$(PY) benchmarks/latency.py
-	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/latency.py --compile
+	$(PY) benchmarks/throughput.py --compile
 	$(PY) benchmarks/prefix_cache.py
 	$(PY) benchmarks/kv_cache.py
 
