@@ -4,10 +4,11 @@ whole text at every step, after prompts of 128, 512 and 1024 tokens.
     .venv/bin/python benchmarks/kv_cache.py [--model smollm2-135m] [--contexts 128,512,1024]
         [--new-tokens 8] [--repeats 5] [--no-hf]
 
-pellucid's no-cache loop is the one `pellucid explain --compare-no-cache` shows. The peer in the
-same run is Hugging Face transformers' `generate(use_cache=True / False)` on the same GGUF (fp32,
-dequantized by transformers; needs `accelerate`, which `make bench` installs). Each timing covers
-the whole request, pre-fill included. Prints median/min/max tokens/s over the repeats and the
+pellucid's no-cache loop is the one `pellucid explain --compare-no-cache` shows. The peers in the
+same run: Hugging Face transformers' `generate(use_cache=True / False)` on the same GGUF (fp32,
+dequantized by transformers; needs `accelerate`, which `make bench` installs), and llama.cpp on
+the same GGUF and token ids (with its cache, and emptying it before every token: see
+llama_cpp_batch.py). Each timing covers the whole request, pre-fill included. Prints median/min/max tokens/s over the repeats and the
 ratios; the last line is one JSON object.
 """
 
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import torch
 from common import hf_peer, peak_rss_mib, repeat, save
+from llama_cpp_batch import greedy_batch, greedy_without_cache
 
 from pellucid import LLM, SamplingParams
 from pellucid.config import EngineConfig
@@ -52,7 +54,22 @@ def measure(llm: LLM, hf: torch.nn.Module | None, ids: list[int], n: int,
     if hf is not None:
         row["hf_cached_tok_s"] = repeat(lambda: hf_tokens_per_s(hf, ids, n, True), repeats)
         row["hf_uncached_tok_s"] = repeat(lambda: hf_tokens_per_s(hf, ids, n, False), repeats)
+    if llama_cpp_installed():
+        threads = torch.get_num_threads()
+        cached = [greedy_batch(llm.path, [ids], [n], threads) for _ in range(repeats)]
+        uncached = [greedy_without_cache(llm.path, ids, n, threads) for _ in range(repeats)]
+        row["llama_cpp_cached_tok_s"] = _summary([n / s for _, s in cached])
+        row["llama_cpp_uncached_tok_s"] = _summary([n / s for _, s in uncached])
+        row["llama_cpp_same_tokens"] = cached[0][0][0] == uncached[0][0]
     return row
+
+
+def llama_cpp_installed() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -68,6 +85,10 @@ def print_row(row: dict) -> None:
     print(f"context {row['context']:5d}  pellucid cached {cell('pellucid_cached_tok_s')}  "
           f"uncached {cell('pellucid_uncached_tok_s')}  = {row['pellucid_cache_speedup']:.1f}x  "
           f"FLOPs {row['flops_uncached'] / row['flops_cached']:.1f}x")
+    if "llama_cpp_cached_tok_s" in row:
+        print(f"{'':14s}llama.cpp cached {cell('llama_cpp_cached_tok_s')}  uncached "
+              f"{cell('llama_cpp_uncached_tok_s')}  = {row['llama_cpp_cache_speedup']:.1f}x;  "
+              f"pellucid/llama.cpp cached {row['pellucid_vs_llama_cpp_cached']:.2f}x")
     if "hf_cached_tok_s" in row:
         print(f"{'':14s}HF cached       {cell('hf_cached_tok_s')}  uncached "
               f"{cell('hf_uncached_tok_s')}  = {row['hf_cache_speedup']:.1f}x;  pellucid/HF "
@@ -97,6 +118,11 @@ def main() -> None:
         row = measure(llm, hf, ids, args.new_tokens, args.repeats)
         med = {k: v["median"] for k, v in row.items() if isinstance(v, dict)}
         row["pellucid_cache_speedup"] = med["pellucid_cached_tok_s"] / med["pellucid_uncached_tok_s"]
+        if "llama_cpp_cached_tok_s" in row:
+            row["llama_cpp_cache_speedup"] = (med["llama_cpp_cached_tok_s"]
+                                              / med["llama_cpp_uncached_tok_s"])
+            row["pellucid_vs_llama_cpp_cached"] = (med["pellucid_cached_tok_s"]
+                                                   / med["llama_cpp_cached_tok_s"])
         if hf is not None:
             row["hf_cache_speedup"] = med["hf_cached_tok_s"] / med["hf_uncached_tok_s"]
             row["pellucid_vs_hf_cached"] = med["pellucid_cached_tok_s"] / med["hf_cached_tok_s"]
@@ -104,7 +130,7 @@ def main() -> None:
         print_row(row)
     save("kv_cache", {
         "model": args.model,
-        "peers": ["transformers"] if hf is not None else [],
+        "peers": ["transformers"] * (hf is not None) + ["llama.cpp"] * llama_cpp_installed(),
         "rows": rows,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "workload": f"prompt = first N tokens of benchmarks/prompt.txt; {args.new_tokens} greedy "

@@ -1,9 +1,10 @@
-"""llama.cpp serving many sequences at once, as a throughput peer: its C API through
-llama-cpp-python (whose `Llama` class runs one sequence at a time).
+"""llama.cpp as a peer for workloads its high-level `Llama` class does not run: many sequences at
+once (throughput.py), and decoding without a KV cache (kv_cache.py). Through llama-cpp-python's
+bindings of the C API, greedy (argmax of the logits).
 
-All prompts share one context with a unified KV cache (as pellucid's pool is shared); pre-fill
-packs the prompts' tokens into batches of up to 512, then every step decodes one token for each
-unfinished sequence in one `llama_decode` call, greedily (argmax of its logits).
+Many sequences share one context with a unified KV cache (as pellucid's pool is shared):
+pre-fill packs the prompts' tokens into batches of up to 512, then every step decodes one token
+for each unfinished sequence in one `llama_decode` call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,64 @@ from pathlib import Path
 
 import numpy as np
 
-N_BATCH = 512  # tokens per llama_decode call during pre-fill
+N_BATCH = 512  # tokens per llama_decode call
+
+
+class LlamaCpp:
+    """One model and one context; `decode` runs a batch and returns the argmax of each row that
+    asked for logits."""
+
+    def __init__(self, path: str | Path, n_ctx: int, n_seqs: int, threads: int):
+        import llama_cpp as lc
+        from llama_cpp._utils import suppress_stdout_stderr
+
+        self.lc, self.quiet = lc, suppress_stdout_stderr
+        with self.quiet(disable=False):  # llama.cpp logs every load to stderr
+            lc.llama_backend_init()
+            self.model = lc.llama_model_load_from_file(str(path).encode(),
+                                                       lc.llama_model_default_params())
+            if self.model is None:
+                raise RuntimeError(f"llama.cpp could not load {path}")
+            params = lc.llama_context_default_params()
+            params.n_ctx, params.n_seq_max, params.kv_unified = n_ctx, n_seqs, True
+            params.n_batch = params.n_ubatch = N_BATCH
+            params.n_threads = params.n_threads_batch = threads
+            self.ctx = lc.llama_init_from_model(self.model, params)
+        self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        self.batch = lc.llama_batch_init(N_BATCH, 0, 1)
+
+    def decode(self, entries: list[tuple[int, int, int, bool]]) -> dict[int, int]:
+        """entries: (token, position, sequence, wants logits) -> {sequence: its argmax}."""
+        b = self.batch
+        b.n_tokens = len(entries)
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            b.token[i], b.pos[i], b.logits[i] = token, pos, logits
+            b.n_seq_id[i], b.seq_id[i][0] = 1, seq
+        if self.lc.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+        picks = {}
+        for i, (_, _, seq, logits) in enumerate(entries):
+            if logits:
+                row = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, i),
+                                            shape=(self.vocab,))
+                picks[seq] = int(row.argmax())
+        return picks
+
+    def prefill(self, entries: list[tuple[int, int, int, bool]]) -> dict[int, int]:
+        picks = {}
+        for i in range(0, len(entries), N_BATCH):
+            picks.update(self.decode(entries[i : i + N_BATCH]))
+        return picks
+
+    def clear(self) -> None:
+        """Forget every sequence's keys and values."""
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+
+    def close(self) -> None:
+        with self.quiet(disable=False):
+            self.lc.llama_batch_free(self.batch)
+            self.lc.llama_free(self.ctx)
+            self.lc.llama_model_free(self.model)
 
 
 def greedy_batch_tok_s(path: str | Path, prompts: list[list[int]], max_tokens: list[int],
@@ -27,60 +85,39 @@ def greedy_batch_tok_s(path: str | Path, prompts: list[list[int]], max_tokens: l
 def greedy_batch(path: str | Path, prompts: list[list[int]], max_tokens: list[int],
                  threads: int) -> tuple[list[list[int]], float]:
     """The greedy tokens of each sequence, and the seconds generating them took (not loading)."""
-    import llama_cpp as lc
-    from llama_cpp._utils import suppress_stdout_stderr
-
-    with suppress_stdout_stderr(disable=False):  # llama.cpp logs every load to stderr
-        lc.llama_backend_init()
-        model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
-    if model is None:
-        raise RuntimeError(f"llama.cpp could not load {path}")
-    ctx_params = lc.llama_context_default_params()
-    ctx_params.n_ctx = sum(len(p) + m for p, m in zip(prompts, max_tokens)) + 64 * len(prompts)
-    ctx_params.n_batch = ctx_params.n_ubatch = N_BATCH
-    ctx_params.n_seq_max = len(prompts)
-    ctx_params.kv_unified = True
-    ctx_params.n_threads = ctx_params.n_threads_batch = threads
-    with suppress_stdout_stderr(disable=False):
-        ctx = lc.llama_init_from_model(model, ctx_params)
-    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-    batch = lc.llama_batch_init(N_BATCH, 0, 1)
+    n_ctx = sum(len(p) + m for p, m in zip(prompts, max_tokens)) + 64 * len(prompts)
+    llama = LlamaCpp(path, n_ctx, len(prompts), threads)
     try:
         start = time.perf_counter()
-        outputs = _generate(lc, ctx, batch, vocab, prompts, max_tokens)
-        return outputs, time.perf_counter() - start
+        out: list[list[int]] = [[] for _ in prompts]
+        firsts = llama.prefill([(tok, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
+                                for pos, tok in enumerate(p)])
+        for s, tok in firsts.items():
+            out[s].append(tok)
+        while active := [s for s in range(len(prompts)) if len(out[s]) < max_tokens[s]]:
+            # the newest token goes after the prompt and the tokens generated before it
+            picks = llama.decode([(out[s][-1], len(prompts[s]) + len(out[s]) - 1, s, True)
+                                  for s in active])
+            for s, tok in picks.items():
+                out[s].append(tok)
+        return out, time.perf_counter() - start
     finally:
-        with suppress_stdout_stderr(disable=False):
-            lc.llama_batch_free(batch)
-            lc.llama_free(ctx)
-            lc.llama_model_free(model)
+        llama.close()
 
 
-def _generate(lc, ctx, batch, vocab: int, prompts: list[list[int]],
-              max_tokens: list[int]) -> list[list[int]]:
-    out: list[list[int]] = [[] for _ in prompts]  # the tokens generated for each sequence
-    prompt_len = [len(p) for p in prompts]
-
-    def decode(entries: list[tuple[int, int, int, bool]]) -> None:
-        """entries: (token, position, sequence, wants logits); argmax for those that want them."""
-        batch.n_tokens = len(entries)
-        for i, (token, pos, seq, logits) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.logits[i] = token, pos, logits
-            batch.n_seq_id[i], batch.seq_id[i][0] = 1, seq
-        if lc.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        for i, (_, _, seq, logits) in enumerate(entries):
-            if logits:
-                row = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,))
-                out[seq].append(int(row.argmax()))
-
-    pending = [(tok, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
-               for pos, tok in enumerate(p)]
-    for i in range(0, len(pending), N_BATCH):  # pre-fill: the first token of each comes out
-        decode(pending[i : i + N_BATCH])
-    while True:
-        active = [s for s in range(len(prompts)) if len(out[s]) < max_tokens[s]]
-        if not active:
-            return out
-        # the newest token goes after the prompt and the tokens generated before it
-        decode([(out[s][-1], prompt_len[s] + len(out[s]) - 1, s, True) for s in active])
+def greedy_without_cache(path: str | Path, prompt: list[int], n: int,
+                         threads: int) -> tuple[list[int], float]:
+    """n greedy tokens, each computed from the whole text so far with an emptied KV cache (what
+    decoding costs without one); the tokens and the seconds they took."""
+    llama = LlamaCpp(path, len(prompt) + n + 64, 1, threads)
+    try:
+        start = time.perf_counter()
+        seq = list(prompt)
+        for _ in range(n):
+            llama.clear()
+            picks = llama.prefill([(tok, pos, 0, pos == len(seq) - 1)
+                                   for pos, tok in enumerate(seq)])
+            seq.append(picks[0])
+        return seq[len(prompt) :], time.perf_counter() - start
+    finally:
+        llama.close()
