@@ -81,8 +81,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="float32: the reference; int4: the fast path (int4 weights, int8 LM head, "
                         "bf16 activations)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step: ~1.8x faster decoding after a one-time "
-                        "compile (~1.5 min; ~15 s once cached)")
+                   help="torch.compile the decode step: ~1.8x faster decoding after a compile "
+                        "of 20-90 s (15-30 s once cached)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

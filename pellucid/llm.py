@@ -28,7 +28,7 @@ from pellucid.weights.loader import build_from_state, load_int4, read_checkpoint
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FAST_PATH = "int4"  # int4 weights, bf16 activations and KV cache: see models/quant.py
+FAST_PATH = "int4"  # int4/int8 weights, bf16 activations, float32 KV cache: models/quant.py
 
 
 class LLM:

@@ -7,8 +7,9 @@ token, ~5 ms of it in the matrix kernels). Inductor fuses the element-wise ops i
 kernels; the same decode runs ~1.8x faster.
 
 Shapes are dynamic (rows, block-table width), so one graph serves every context length; a
-graph for one row and one for several are the only two. Compiling takes ~1.5 minutes the first
-time; inductor keeps its output under the pellucid cache folder, so a later process needs ~15 s.
+graph for one row and one for several are the only two (the int4 path adds one for more than
+DENSE_ROWS rows). Compiling takes 20-90 s the first time on 2 cores; inductor keeps its output
+under the pellucid cache folder, so a later process needs ~15-30 s.
 Pre-fill steps, mixed steps and traced requests stay eager; if compiling fails (no C++ compiler,
 an unsupported op), the runner says so once and stays eager.
 """

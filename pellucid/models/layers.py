@@ -46,7 +46,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.qkv_proj: nn.Module | None = None  # q, k and v in one matrix (quant.quantize)
-        self.qkv_sizes = [q.out_features for q in (self.q_proj, self.k_proj, self.v_proj)]
+        self.qkv_sizes = [p.out_features for p in (self.q_proj, self.k_proj, self.v_proj)]
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.qkv_proj is not None:

@@ -74,7 +74,8 @@ def build_from_state(
 
 
 def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, LlamaModel]:
-    """The fast path's model (int4 matrices, bf16 elsewhere): (config, GGUF metadata, model).
+    """The fast path's model (packed int4/int8 matrices, bf16 elsewhere): (config, GGUF
+    metadata, model).
 
     A GGUF file's packed weights are kept in the weight cache, so a warm load reads ~100 MB and
     never builds the float32 model.
