@@ -211,6 +211,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from pellucid.server import create_app
 
     llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, compile=args.compile)
+    if args.compile:
+        print("Compiling the decode step (20-90 s the first time, then cached)...", file=sys.stderr)
+        llm.warm_up()
     entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
     name = entry.name if entry is not None else llm.path.name
     api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")

@@ -151,6 +151,17 @@ class LLM:
             if not seq.is_finished:
                 self.engine.abort(seq.request_id)
 
+    def warm_up(self) -> None:
+        """With compile=True: compile the decode step now rather than during the first requests
+        (a server calls this before it listens). Batches of 1, 2 and 12 rows each get their
+        graph: one row, a few, and more than the packed layers' DENSE_ROWS."""
+        if not self.engine.config.compile:
+            return
+        ids = self.encode("Hello")
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        for n in (1, 2, 12):
+            self.generate([ids] * n, params)
+
     # --- scoring --------------------------------------------------------------------------
     @torch.inference_mode()
     def logits(self, token_ids: list[int]) -> Tensor:
