@@ -34,6 +34,10 @@ MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept
 FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
 
 
+def int4_packable(out_features: int, in_features: int) -> bool:
+    return in_features % GROUP == 0 and out_features % CHANNEL_BLOCK == 0
+
+
 class PackedLinear(nn.Module):
     """y = x @ W.T (+ bias) for bf16 x (..., in_features) with W kept packed; a subclass says how
     to multiply a few rows by the packed form (`packed_mm`) and how to unpack it (`dequantize`)."""
@@ -44,6 +48,18 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None)  # (out,) bf16, for layouts with biased projections
         self.dense: Tensor | None = None  # the bf16 matrix, made on the first many-row call
 
+    @classmethod
+    def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> PackedLinear:
+        """Pack (out, in) weights. On the meta device: an empty layer of the right shapes, for
+        load_state_dict."""
+        out_f, in_f = w.shape
+        layer = cls(in_f, out_f)
+        if bias is not None:
+            layer.bias = bias.detach().bfloat16()
+        if not w.is_meta:
+            layer.pack(w.detach().float())
+        return layer
+
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > DENSE_ROWS:
@@ -52,6 +68,10 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.dense, self.bias)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def pack(self, w: Tensor) -> None:
+        """Fill the packed buffers from float32 (out, in) weights."""
+        raise NotImplementedError
 
     def packed_mm(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
@@ -65,7 +85,7 @@ class Int4Linear(PackedLinear):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
-        if in_features % GROUP or out_features % CHANNEL_BLOCK:
+        if not int4_packable(out_features, in_features):
             raise ValueError(f"int4 needs in % {GROUP} == 0 and out % {CHANNEL_BLOCK} == 0, "
                              f"got a {out_features}x{in_features} matrix")
         self.register_buffer("packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
@@ -73,27 +93,17 @@ class Int4Linear(PackedLinear):
         self.register_buffer("scales_zeros",
                              torch.empty(in_features // GROUP, out_features, 2, dtype=torch.bfloat16))
 
-    @classmethod
-    def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> Int4Linear:
-        """Quantize (out, in) weights group by group: each group's min..max maps onto 0..15.
-
-        Weights on the meta device give an empty layer of the right shapes, for load_state_dict.
-        """
+    def pack(self, w: Tensor) -> None:
+        """Group by group along the input: each group's min..max maps onto 0..15."""
         out_f, in_f = w.shape
-        layer = cls(in_f, out_f)
-        if bias is not None:
-            layer.bias = bias.detach().bfloat16()
-        if w.is_meta:
-            return layer
-        groups = w.detach().float().view(out_f, in_f // GROUP, GROUP)
+        groups = w.view(out_f, in_f // GROUP, GROUP)
         low, high = groups.amin(-1), groups.amax(-1)
         scale = ((high - low) / 15).clamp(min=1e-12)  # (out, in/GROUP)
         q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
         q = q.to(torch.int32).view(out_f, in_f)
-        layer.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, INNER_K_TILES)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, INNER_K_TILES)
         zero = low + 8 * scale
-        layer.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
-        return layer
+        self.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP,
@@ -111,26 +121,19 @@ class Int4Linear(PackedLinear):
 
 
 class Int8Linear(PackedLinear):
-    """8-bit weights with one scale per output channel, for the LM head: it picks the next token
-    among the whole vocabulary, and int4 there costs 2.4% of perplexity where int8 costs 0.4%."""
+    """8-bit weights with one scale per output channel: for the LM head (it picks the next token
+    among the whole vocabulary, and int4 there costs 2.4% of perplexity where int8 costs 0.4%)
+    and for matrices int4 would change too much."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
 
-    @classmethod
-    def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> Int8Linear:
-        out_f, in_f = w.shape
-        layer = cls(in_f, out_f)
-        if bias is not None:
-            layer.bias = bias.detach().bfloat16()
-        if w.is_meta:
-            return layer
-        scale = (w.detach().float().abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
-        layer.weight = (w.float() / scale[:, None]).round().to(torch.int8)
-        layer.scales = scale.bfloat16()
-        return layer
+    def pack(self, w: Tensor) -> None:
+        scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
+        self.weight = (w / scale[:, None]).round().to(torch.int8)
+        self.scales = scale.bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
