@@ -149,6 +149,8 @@ def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> Pa
     `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
     if kind is not None:
         return (Int4Linear if kind == "int4" else Int8Linear).from_weight(w, bias)
+    if not int4_packable(*w.shape):  # the CPU packing's shape rules
+        return Int8Linear.from_weight(w, bias)
     layer = Int4Linear.from_weight(w, bias)
     err = (layer.dequantize().float() - w.float()).norm() / w.float().norm().clamp(min=1e-12)
     return layer if err < MAX_INT4_ERROR else Int8Linear.from_weight(w, bias)
