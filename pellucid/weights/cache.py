@@ -50,8 +50,13 @@ def entry_dir(path: Path) -> Path | None:
 def load(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
     """(metadata, float32 state) of a GGUF file converted before, or None."""
     metadata = load_metadata(path)
-    state = load_tensors(path, "model") if metadata is not None else None
-    return None if state is None else (metadata, state)
+    where = entry_dir(path)
+    if metadata is None or where is None or not (where / "model.safetensors").is_file():
+        return None
+    try:
+        return metadata, load_file(where / "model.safetensors")
+    except Exception:  # noqa: BLE001 - a damaged file is a miss; the next store replaces it
+        return None
 
 
 def load_metadata(path: Path) -> dict[str, Any] | None:
@@ -59,17 +64,6 @@ def load_metadata(path: Path) -> dict[str, Any] | None:
     try:
         return None if where is None else json.loads((where / "metadata.json").read_text())
     except Exception:  # noqa: BLE001 - a missing or damaged entry is a miss
-        return None
-
-
-def load_tensors(path: Path, name: str) -> dict[str, Tensor] | None:
-    """The float32 state stored as `name`.safetensors, or None."""
-    where = entry_dir(path)
-    if where is None or not (where / f"{name}.safetensors").is_file():
-        return None
-    try:
-        return load_file(where / f"{name}.safetensors")
-    except Exception:  # noqa: BLE001 - a damaged file is a miss; the next store replaces it
         return None
 
 
