@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
+import llama_cpp_batch
 import torch
 from common import hf_peer, peak_rss_mib, repeat, save
-from llama_cpp_batch import greedy_batch, greedy_without_cache
 
 from pellucid import LLM, SamplingParams
 from pellucid.config import EngineConfig
@@ -39,7 +39,7 @@ def hf_tokens_per_s(model: torch.nn.Module, ids: list[int], n: int, use_cache: b
     return n / (time.perf_counter() - start)
 
 
-def measure(llm: LLM, hf: torch.nn.Module | None, ids: list[int], n: int,
+def measure(llm: LLM, hf: torch.nn.Module | None, llama_cpp: bool, ids: list[int], n: int,
             repeats: int) -> dict[str, object]:
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     runs = [no_cache_comparison(llm, ids, params) for _ in range(repeats)]
@@ -54,22 +54,17 @@ def measure(llm: LLM, hf: torch.nn.Module | None, ids: list[int], n: int,
     if hf is not None:
         row["hf_cached_tok_s"] = repeat(lambda: hf_tokens_per_s(hf, ids, n, True), repeats)
         row["hf_uncached_tok_s"] = repeat(lambda: hf_tokens_per_s(hf, ids, n, False), repeats)
-    if llama_cpp_installed():
+    if llama_cpp:
         threads = torch.get_num_threads()
-        cached = [greedy_batch(llm.path, [ids], [n], threads) for _ in range(repeats)]
-        uncached = [greedy_without_cache(llm.path, ids, n, threads) for _ in range(repeats)]
+        cached = [llama_cpp_batch.greedy_batch(llm.path, [ids], [n], threads)
+                  for _ in range(repeats)]
+        uncached = [llama_cpp_batch.greedy_without_cache(llm.path, ids, n, threads)
+                    for _ in range(repeats)]
         row["llama_cpp_cached_tok_s"] = _summary([n / s for _, s in cached])
         row["llama_cpp_uncached_tok_s"] = _summary([n / s for _, s in uncached])
         row["llama_cpp_same_tokens"] = cached[0][0][0] == uncached[0][0]
     return row
 
-
-def llama_cpp_installed() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -107,6 +102,7 @@ def main() -> None:
     # No prefix caching: each repeat must pre-fill its prompt from scratch, as the peer does.
     llm = LLM(args.model, engine=EngineConfig(enable_prefix_caching=False))
     hf = None if args.no_hf else hf_peer(llm.path)
+    llama_cpp = llama_cpp_batch.available()
     text = Path(__file__).with_name("prompt.txt").read_text()
     corpus = llm.encode(text)
     rows = []
@@ -115,7 +111,7 @@ def main() -> None:
             raise SystemExit(f"prompt.txt has {len(corpus)} tokens; --contexts asks for {context}")
         ids = corpus[:context]
         no_cache_comparison(llm, ids[:16], SamplingParams(temperature=0, max_tokens=2))  # warm-up
-        row = measure(llm, hf, ids, args.new_tokens, args.repeats)
+        row = measure(llm, hf, llama_cpp, ids, args.new_tokens, args.repeats)
         med = {k: v["median"] for k, v in row.items() if isinstance(v, dict)}
         row["pellucid_cache_speedup"] = med["pellucid_cached_tok_s"] / med["pellucid_uncached_tok_s"]
         if "llama_cpp_cached_tok_s" in row:
@@ -130,7 +126,7 @@ def main() -> None:
         print_row(row)
     save("kv_cache", {
         "model": args.model,
-        "peers": ["transformers"] * (hf is not None) + ["llama.cpp"] * llama_cpp_installed(),
+        "peers": ["transformers"] * (hf is not None) + ["llama.cpp"] * llama_cpp,
         "rows": rows,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "workload": f"prompt = first N tokens of benchmarks/prompt.txt; {args.new_tokens} greedy "

@@ -9,12 +9,24 @@ for each unfinished sequence in one `llama_decode` call.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 N_BATCH = 512  # tokens per llama_decode call
+
+
+def available() -> bool:
+    """Whether llama-cpp-python is installed; if not, says so on stderr (the peer is optional)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        print(f"llama.cpp peer skipped: {e} (make bench installs llama-cpp-python)",
+              file=sys.stderr)
+        return False
+    return True
 
 
 class LlamaCpp:

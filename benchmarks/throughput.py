@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
+import llama_cpp_batch
 import torch
 from common import peak_rss_mib, repeat, save
-from llama_cpp_batch import greedy_batch_tok_s
 
 from pellucid import LLM, SamplingParams
 
@@ -95,15 +95,12 @@ def main() -> None:
 
 def llama_cpp_peer(llm: LLM, prompts, params, repeats: int) -> dict[str, float] | None:
     """The same requests through llama.cpp (same GGUF, same ids, same threads), or None."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as e:
-        print(f"llama.cpp peer skipped: {e} (make bench installs llama-cpp-python)",
-              file=sys.stderr)
+    if not llama_cpp_batch.available():
         return None
     lengths = [sp.max_tokens for sp in params]
     threads = torch.get_num_threads()
-    return repeat(lambda: greedy_batch_tok_s(llm.path, prompts, lengths, threads), repeats)
+    return repeat(lambda: llama_cpp_batch.greedy_batch_tok_s(llm.path, prompts, lengths, threads),
+                  repeats)
 
 
 if __name__ == "__main__":
