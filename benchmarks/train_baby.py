@@ -47,6 +47,9 @@ TARGET_SPEEDUP, TARGET_LOSS_GAP = 1.5, 0.02
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)
+    # gpt2: nanoGPT's own block, so the loss compares like with like; llama: pellucid's default
+    ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=None)
     # torch.compile fuses the small element-wise ops between the matmuls; on this shared 2-core
@@ -59,6 +62,8 @@ def main() -> None:
     cfg = TrainConfig(
         data=str(work / "data"),
         out=str(work / "run"),
+        arch=args.arch,
+        seed=args.seed,
         max_iters=args.iters,
         dtype=args.dtype,
         threads=args.threads,
@@ -86,7 +91,7 @@ def main() -> None:
     peak = max(peak_before[args.dtype], peak_after)  # the less disturbed of two measurements
     val = result.val[result.step]
     report = {
-        "model": f"baby-llama-{n_params(model_cfg) / 1e6:.2f}M",
+        "model": f"baby-{args.arch}-{n_params(model_cfg) / 1e6:.2f}M",
         "dtype": args.dtype,
         "compile": args.compile,
         "iters": result.step,

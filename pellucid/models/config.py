@@ -7,12 +7,13 @@ from typing import Any
 
 from pellucid.errors import ModelLoadError
 
-ARCHITECTURES = ("llama", "gemma3")
+ARCHITECTURES = ("llama", "gemma3", "gpt2")
+ACTIVATIONS = ("silu", "gelu", "gelu_new", "gelu_pytorch_tanh")  # HF's names; the last two: tanh
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    arch: str  # "llama" (SmolLM2, Llama, Mistral, Qwen2 layouts) or "gemma3"
+    arch: str  # "llama" (SmolLM2, Llama, Mistral, Qwen2 layouts), "gemma3" or "gpt2"
     vocab_size: int
     dim: int  # width of the residual stream
     n_layers: int
@@ -24,7 +25,8 @@ class ModelConfig:
     rope_theta: float
     context_length: int
     tie_embeddings: bool = True
-    attn_bias: bool = False  # Qwen2 has biases on q/k/v
+    attn_bias: bool = False  # Qwen2 has biases on q/k/v; GPT-2 on every linear layer and norm
+    hidden_act: str = "silu"  # GPT-2: "gelu" (exact, nanoGPT) or "gelu_new" (tanh, OpenAI's)
     # Gemma 3: local layers attend to the last `sliding_window` tokens with their own RoPE base;
     # every `global_every`-th layer attends to everything.
     sliding_window: int | None = None
@@ -36,6 +38,10 @@ class ModelConfig:
         if self.arch not in ARCHITECTURES:
             raise ModelLoadError(
                 f"unknown architecture {self.arch!r}; pellucid runs {', '.join(ARCHITECTURES)}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelLoadError(
+                f"unknown activation {self.hidden_act!r}; pellucid runs {', '.join(ACTIVATIONS)}"
             )
         if self.n_heads % self.n_kv_heads:
             raise ModelLoadError(
@@ -73,7 +79,8 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
     dim = int(get("embedding_length"))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or dim // n_heads)
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
-    gemma = arch == "gemma3"
+    gemma, gpt2 = arch == "gemma3", arch == "gpt2"
+    eps_key = "attention.layer_norm_epsilon" if gpt2 else "attention.layer_norm_rms_epsilon"
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -83,9 +90,13 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         n_kv_heads=int(get("attention.head_count_kv", n_heads)),
         head_dim=head_dim,
         ffn_dim=int(get("feed_forward_length")),
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        norm_eps=float(get(eps_key)),
         rope_theta=float(get("rope.freq_base", 10_000.0)),
         context_length=int(get("context_length")),
+        attn_bias=gpt2,  # llama.cpp's GPT-2 always has biases (zeros when trained without)
+        # GGUF has no key for the activation: llama.cpp's GPT-2 uses tanh-GELU; pellucid's export
+        # records an exact-GELU model's choice under its own key.
+        hidden_act=str(get("pellucid.hidden_act", "gelu_new")) if gpt2 else "silu",
         sliding_window=int(get("attention.sliding_window")) if gemma else None,
         global_every=6 if gemma else 0,
     )
@@ -94,13 +105,15 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
 def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
     """Build a ModelConfig from a Hugging Face config.json."""
     model_type = cfg.get("model_type", "")
+    if model_type == "gpt2":
+        return gpt2_config_from_hf(cfg)
     arch = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}.get(
         model_type
     )
     if arch is None:
         raise ModelLoadError(
             f"{source}: model_type {model_type!r} is not supported; "
-            "pellucid loads llama, mistral, qwen2 and gemma3_text"
+            "pellucid loads llama, mistral, qwen2, gemma3_text and gpt2"
         )
     n_heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads)
@@ -123,4 +136,25 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         global_every=int(cfg.get("sliding_window_pattern", 6)) if gemma else 0,
         rope_local_theta=float(cfg.get("rope_local_base_freq", 10_000.0)),
         query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+    )
+
+
+def gpt2_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
+    """GPT-2's config.json names its fields differently (n_embd, n_layer, n_head, n_inner)."""
+    dim, n_heads = int(cfg["n_embd"]), int(cfg["n_head"])
+    return ModelConfig(
+        arch="gpt2",
+        vocab_size=int(cfg["vocab_size"]),
+        dim=dim,
+        n_layers=int(cfg["n_layer"]),
+        n_heads=n_heads,
+        n_kv_heads=n_heads,
+        head_dim=dim // n_heads,
+        ffn_dim=int(cfg.get("n_inner") or 4 * dim),
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        rope_theta=0.0,  # learned position embeddings instead
+        context_length=int(cfg.get("n_positions", 1024)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        attn_bias=True,
+        hidden_act=str(cfg.get("activation_function", "gelu_new")),
     )

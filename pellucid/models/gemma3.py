@@ -46,8 +46,8 @@ class GemmaBlock(Block):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.dim, cfg.norm_eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.dim, cfg.norm_eps)
+        self.pre_feedforward_layernorm = self.make_norm(cfg)
+        self.post_feedforward_layernorm = self.make_norm(cfg)
 
     def make_attention(self, cfg: ModelConfig, layer: int) -> Attention:
         return GemmaAttention(cfg, layer)
@@ -66,10 +66,7 @@ class GemmaBlock(Block):
 class Gemma3Model(LlamaModel):
     block_class = GemmaBlock
 
-    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
-        return GemmaRMSNorm(cfg.dim, cfg.norm_eps)
-
-    def embed(self, ids: Tensor) -> Tensor:
+    def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
         x = self.embed_tokens(ids)
         return x * x.new_tensor(self.cfg.dim**0.5)  # the scale is rounded to the weights' dtype
 

@@ -22,19 +22,26 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = self.norm_class(cfg.dim, cfg.norm_eps)
+        self.input_layernorm = self.make_norm(cfg)
         self.self_attn = self.make_attention(cfg, layer)
-        self.post_attention_layernorm = self.norm_class(cfg.dim, cfg.norm_eps)
+        self.post_attention_layernorm = self.make_norm(cfg)
         self.mlp = self.make_mlp(cfg)
+
+    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+        return self.norm_class(cfg.dim, cfg.norm_eps)
 
     def make_attention(self, cfg: ModelConfig, layer: int) -> Attention:
         return Attention(cfg, layer)
 
-    def make_mlp(self, cfg: ModelConfig) -> MLP:
+    def make_mlp(self, cfg: ModelConfig) -> nn.Module:
         return MLP(cfg)
 
     def forward(
-        self, x: Tensor, positions: Tensor, rope: tuple[Tensor, Tensor], ctx: ForwardContext | None
+        self,
+        x: Tensor,
+        positions: Tensor,
+        rope: tuple[Tensor, Tensor] | None,
+        ctx: ForwardContext | None,
     ) -> Tensor:
         h = x + self.self_attn(self.input_layernorm(x), positions, rope, ctx)
         return h + self.mlp(self.post_attention_layernorm(h))
@@ -44,6 +51,7 @@ class LlamaModel(nn.Module):
     """Token ids -> embeddings -> n_layers blocks -> final norm -> logits over the vocabulary."""
 
     block_class: type[Block] = Block
+    uses_rope = True  # False: positions enter as learned embeddings (GPT-2)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -55,10 +63,11 @@ class LlamaModel(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
-        return RMSNorm(cfg.dim, cfg.norm_eps)
+    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+        return self.block_class.norm_class(cfg.dim, cfg.norm_eps)
 
-    def embed(self, ids: Tensor) -> Tensor:
+    def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
+        """ids (B, T), positions (T,) -> (B, T, dim)."""
         return self.embed_tokens(ids)
 
     def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
@@ -68,13 +77,13 @@ class LlamaModel(nn.Module):
         self, ids: Tensor, positions: Tensor, ctx: ForwardContext | None = None
     ) -> Tensor:
         """ids: (B, T), positions: (T,) -> final normalized hidden states (B, T, dim)."""
-        x = self.embed(ids)
+        x = self.embed(ids, positions)
         tables: dict[int, tuple[Tensor, Tensor]] = {}  # layers sharing a RoPE base share tables
         for i, layer in enumerate(self.layers):
             key = self.rope_key(i)
-            if key not in tables:
+            if key not in tables and self.uses_rope:
                 tables[key] = rope_for_heads(*self.rope_tables(positions, i), x.dtype)
-            x = layer(x, positions, tables[key], ctx)
+            x = layer(x, positions, tables.get(key), ctx)
             if ctx is not None and ctx.capture_hidden_rows is not None:  # a traced request
                 ctx.layer_hidden.append(x[0, ctx.capture_hidden_rows])
         return self.norm(x)

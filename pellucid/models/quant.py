@@ -175,16 +175,19 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
         return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
 
     for name, module in list(model.named_modules()):
-        if isinstance(module, Attention):
+        if isinstance(module, Attention) and module.qkv_proj is None:
             a = module
             a.qkv_proj = fused([a.q_proj, a.k_proj, a.v_proj], kind(f"{name}.qkv_proj"))
-            a.o_proj = packed(a.o_proj.weight, kind=kind(f"{name}.o_proj"))
             del a.q_proj, a.k_proj, a.v_proj
         elif isinstance(module, MLP):
             m = module
             m.gate_up_proj = fused([m.gate_proj, m.up_proj], kind(f"{name}.gate_up_proj"))
-            m.down_proj = packed(m.down_proj.weight, kind=kind(f"{name}.down_proj"))
             del m.gate_proj, m.up_proj
+    for name, module in list(model.layers.named_modules()):  # the rest: o, down, GPT-2's own
+        for child, lin in list(module.named_children()):
+            if type(lin) is nn.Linear:
+                key = f"layers.{name}.{child}"
+                setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
     model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
     share_embedding(model)
     return model

@@ -2,7 +2,8 @@
 
 Defaults are nanoGPT's CPU "baby GPT" run on shakespeare_char (4 layers, 4 heads, 128 wide, block 64,
 batch 12, 2000 iterations, lr 1e-3 -> 1e-4 cosine after 100 warm-up steps, beta2 0.99, weight decay
-0.1, clip 1.0), built from pellucid's Llama modules (RMSNorm, RoPE, SwiGLU) instead of GPT-2's.
+0.1, clip 1.0), built from pellucid's Llama modules (RMSNorm, RoPE, SwiGLU) or, with arch="gpt2",
+nanoGPT's own block (LayerNorm, learned positions, GELU MLP; biases off as in its train.py).
 """
 
 from __future__ import annotations
@@ -14,20 +15,23 @@ from typing import Any
 from pellucid.models.config import ModelConfig
 
 DTYPES = ("bfloat16", "float32")
+ARCHS = ("llama", "gpt2")
 
 
 @dataclass(slots=True)
 class TrainConfig:
     data: str  # a folder written by `pellucid data prepare`
     out: str  # checkpoints, loss curve and the exported model go here
-    # model size
+    # model family and size
+    arch: str = "llama"  # "gpt2": nanoGPT's block, for like-for-like comparisons with it
+    bias: bool = False  # gpt2 only: biases in the linear layers and LayerNorms (GPT-2's own: on)
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int | None = None  # None: as many as n_heads (no GQA)
     dim: int = 128
     # SwiGLU has three matrices where GPT-2's MLP has two: 344 ≈ 8/3·128 keeps the parameter count
     # of nanoGPT's 4·dim MLP (0.80M with the embeddings either way).
-    ffn_dim: int | None = None  # None: 8/3·dim rounded up to a multiple of 8
+    ffn_dim: int | None = None  # None: llama 8/3·dim rounded up to a multiple of 8, gpt2 4·dim
     rope_theta: float = 10_000.0
     # batches
     block_size: int = 64
@@ -75,7 +79,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} must be a multiple of n_heads={self.n_heads}")
-        if (self.dim // self.n_heads) % 2:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch == "gpt2" and self.n_kv_heads not in (None, self.n_heads):
+            raise ValueError("arch gpt2 has no grouped-query attention: leave n_kv_heads unset")
+        if self.arch == "llama" and (self.dim // self.n_heads) % 2:
             raise ValueError("dim / n_heads must be even: RoPE rotates pairs of features")
         if self.n_heads % (self.n_kv_heads or self.n_heads):
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads")
@@ -95,9 +103,10 @@ class TrainConfig:
         return self.batch_size * self.grad_accum * self.block_size
 
     def model_config(self, vocab_size: int) -> ModelConfig:
-        ffn = self.ffn_dim or math.ceil(8 * self.dim / 3 / 8) * 8
+        gpt2 = self.arch == "gpt2"
+        ffn = self.ffn_dim or (4 * self.dim if gpt2 else math.ceil(8 * self.dim / 3 / 8) * 8)
         return ModelConfig(
-            arch="llama",
+            arch=self.arch,
             vocab_size=vocab_size,
             dim=self.dim,
             n_layers=self.n_layers,
@@ -109,6 +118,8 @@ class TrainConfig:
             rope_theta=self.rope_theta,
             context_length=self.block_size,
             tie_embeddings=True,  # as nanoGPT: the output layer reuses the token embeddings
+            attn_bias=gpt2 and self.bias,
+            hidden_act="gelu" if gpt2 else "silu",  # nanoGPT's nn.GELU(): exact, not tanh
         )
 
     def to_dict(self) -> dict[str, Any]:

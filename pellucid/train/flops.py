@@ -11,22 +11,24 @@ import time
 
 import torch
 
+from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
 
 
 def n_params(cfg: ModelConfig) -> int:
-    """Parameters of the Llama model as built (tied embeddings counted once)."""
-    attn = cfg.dim * cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
-    mlp = 3 * cfg.dim * cfg.ffn_dim
-    per_layer = attn + mlp + 2 * cfg.dim
-    head = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.dim
-    return cfg.vocab_size * cfg.dim + cfg.n_layers * per_layer + cfg.dim + head
+    """Parameters of the model as built (tied embeddings counted once), counted on a skeleton
+    on the meta device, so no memory is allocated."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs (forward + backward) per token at context `seq_len`."""
     attention = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * seq_len
-    return 6 * n_params(cfg) + attention
+    # a learned position table is read, not multiplied: no FLOPs (the token table is, as the head)
+    positions = cfg.context_length * cfg.dim if cfg.arch == "gpt2" else 0
+    return 6 * (n_params(cfg) - positions) + attention
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3) -> float:

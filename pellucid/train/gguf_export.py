@@ -1,7 +1,8 @@
-"""Export a trained llama model as a GGUF file (float32) with the `gguf` package's writer.
+"""Export a trained llama or gpt2 model as a GGUF file (float32) with the `gguf` package's writer.
 
 llama.cpp's layout: tensors named `blk.N.attn_q.weight` etc., Q/K rows permuted for its interleaved
-RoPE (pellucid's loader un-permutes them), and the tokenizer as a 'gpt2' byte-level BPE vocabulary:
+RoPE (pellucid's loader un-permutes them); GPT-2's `attn_qkv` and `position_embd`, with zero
+biases where it was trained without; the tokenizer as a 'gpt2' byte-level BPE vocabulary:
 tokens spelled in GPT-2's byte alphabet plus merges. A character-level vocabulary fits that form
 when every character is one byte (ASCII); a byte-level or trained BPE one always does.
 
@@ -19,12 +20,14 @@ from torch import Tensor
 
 from pellucid.models.llama import LlamaModel
 from pellucid.train.char_tokenizer import gpt2_byte_alphabet
+from pellucid.train.export import with_biases
 
 NAMES = {
     "input_layernorm": "attn_norm",
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
+    "self_attn.qkv_proj": "attn_qkv",
     "self_attn.o_proj": "attn_output",
     "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate",
@@ -33,7 +36,9 @@ NAMES = {
 }
 GLOBAL = {
     "embed_tokens.weight": "token_embd.weight",
+    "embed_positions.weight": "position_embd.weight",
     "norm.weight": "output_norm.weight",
+    "norm.bias": "output_norm.bias",
     "lm_head.weight": "output.weight",
 }
 NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type values
@@ -85,32 +90,39 @@ def gguf_vocab(tokenizer_folder: Path) -> tuple[list[str], list[int], list[str],
 
 def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
     cfg = model.cfg
-    if cfg.arch != "llama":
-        raise ValueError(f"GGUF export writes llama models; this one is {cfg.arch}")
+    if cfg.arch not in ("llama", "gpt2"):
+        raise ValueError(f"GGUF export writes llama and gpt2 models; this one is {cfg.arch}")
     tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer = gguf.GGUFWriter(str(tmp), cfg.arch)
     writer.add_name(path.stem)
     writer.add_context_length(cfg.context_length)
     writer.add_embedding_length(cfg.dim)
     writer.add_block_count(cfg.n_layers)
     writer.add_feed_forward_length(cfg.ffn_dim)
     writer.add_head_count(cfg.n_heads)
-    writer.add_head_count_kv(cfg.n_kv_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    writer.add_layer_norm_rms_eps(cfg.norm_eps)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if cfg.arch == "gpt2":
+        writer.add_layer_norm_eps(cfg.norm_eps)
+        # llama.cpp's GPT-2 runs tanh-GELU; pellucid's loader reads the exact choice from here
+        writer.add_string(f"{cfg.arch}.pellucid.hidden_act", cfg.hidden_act)
+    else:
+        writer.add_head_count_kv(cfg.n_kv_heads)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_layer_norm_rms_eps(cfg.norm_eps)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_rope_dimension_count(cfg.head_dim)
     _add_tokenizer(writer, tokenizer_folder)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_embeddings:
-            continue  # llama.cpp reuses token_embd when output.weight is absent
-        t = t.detach().float()
-        if name.endswith("q_proj.weight"):
+    state = {k: t.detach().float() for k, t in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight")  # llama.cpp reuses token_embd when output.weight is absent
+    if cfg.arch == "gpt2":
+        state = with_biases(state)
+    for name, t in state.items():
+        if cfg.arch == "llama" and name.endswith("q_proj.weight"):
             t = permute_rope(t, cfg.n_heads)
-        elif name.endswith("k_proj.weight"):
+        elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
             t = permute_rope(t, cfg.n_kv_heads)
         writer.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
     writer.write_header_to_file()

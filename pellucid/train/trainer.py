@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pellucid.errors import PellucidError
+from pellucid.malloc import keep_freed_memory
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
 from pellucid.train import ddp
@@ -69,6 +70,7 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.dist = ddp.init_distributed(cfg.batch_size)
+        keep_freed_memory()  # each step frees what the next one allocates again
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         elif self.dist.world > 1:  # N processes x all cores each would oversubscribe the machine

@@ -17,7 +17,9 @@ from pellucid.weights.gguf_file import GGUFFile
 
 GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
+    "position_embd.weight": "embed_positions.weight",  # GPT-2's learned positions
     "output_norm.weight": "norm.weight",
+    "output_norm.bias": "norm.bias",
     "output.weight": "lm_head.weight",
 }
 
@@ -26,6 +28,7 @@ BLOCK_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # GPT-2 keeps Q, K and V in one matrix
     "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
@@ -37,7 +40,11 @@ BLOCK_NAMES = {
 }
 
 # Llama has one norm before the MLP and calls it post_attention_layernorm; Gemma has four.
-FFN_NORM = {"llama": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm"}
+FFN_NORM = {
+    "llama": "post_attention_layernorm",
+    "gemma3": "pre_feedforward_layernorm",
+    "gpt2": "post_attention_layernorm",
+}
 
 
 def our_name(gguf_name: str, arch: str) -> str | None:

@@ -31,7 +31,8 @@ class Checkpoint:
 def read_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path).expanduser()
     if path.is_dir():
-        return Checkpoint(path, hf_config(path), hf_state_dict(path), None)
+        cfg = hf_config(path)
+        return Checkpoint(path, cfg, hf_state_dict(path, cfg.arch), None)
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or folder")
     cached = weight_cache.load(path)

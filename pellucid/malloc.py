@@ -1,0 +1,25 @@
+"""Keep memory the process frees for its next use, instead of returning it to the OS.
+
+glibc gives the top of the heap back once more than 128 KiB of it is free, so every training
+step (whose activations and gradients are freed at its end) faults the same pages in again, one
+zero-filled page at a time: ~3 ms of a 22 ms step at nanoGPT's baby size on this CPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+M_TRIM_THRESHOLD, M_TOP_PAD = -1, -2  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory(trim_threshold: int = 1 << 30, top_pad: int = 64 << 20) -> bool:
+    """Trim the heap only past `trim_threshold` free bytes and grow it `top_pad` bytes at a time.
+    True if set; False where the C library is not glibc (macOS, musl), which changes nothing."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, trim_threshold)) and bool(mallopt(M_TOP_PAD, top_pad))
