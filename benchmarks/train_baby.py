@@ -3,7 +3,10 @@
 Trains 4 layers x 4 heads x 128 wide (SwiGLU ffn 344, 0.80M parameters like nanoGPT's 0.80M), block
 64, batch 12, 2000 iterations, lr 1e-3 -> 1e-4 cosine after 100 warm-up steps, on the same 1,115,394
 characters nanoGPT's run used; prints tokens/s, achieved FLOP/s against a matmul peak measured in
-this run, and the final val loss, next to nanoGPT's measured figures. Last line: one JSON object.
+this run, and the final val loss, next to nanoGPT's measured figures. nanoGPT itself cannot be
+installed here, so the same run also times its recipe as nanoGPT runs it (float32, eager) on
+pellucid's GPT-2 module, the same block as nanoGPT's model.py: a peer measured on the machine as it
+is now, to read the stored figures against. Last line: one JSON object.
 
     .venv/bin/python benchmarks/train_baby.py [--iters 2000] [--dtype bfloat16] [--no-compile]
 """
@@ -14,6 +17,7 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
@@ -24,10 +28,11 @@ from common import peak_rss_mib, save
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import prepare
 from pellucid.train.flops import flops_per_token, matmul_peak, n_params
-from pellucid.train.trainer import Trainer
+from pellucid.train.trainer import Trainer, TrainResult
 
 # nanoGPT (karpathy/nanoGPT train.py + config/train_shakespeare_char.py; GPT-2 style: LayerNorm,
-# learned positions, GELU, biases) measured by the issue's author on this 2-core machine, fp32:
+# learned positions, GELU; biases off, train.py's default) measured by the issue's author on this
+# 2-core machine, fp32:
 #   python train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=20
 #     --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 --n_embd=128
 #     --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
@@ -50,6 +55,7 @@ def main() -> None:
     # gpt2: nanoGPT's own block, so the loss compares like with like; llama: pellucid's default
     ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--peer-iters", type=int, default=300, help="0 skips the fp32 eager peer")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=None)
     # torch.compile fuses the small element-wise ops between the matmuls; on this shared 2-core
@@ -79,6 +85,7 @@ def main() -> None:
         "float32": matmul_peak(torch.float32, seconds=1.0),
     }
 
+    peer = step_ms(peer_run(cfg, work, args.peer_iters)) if args.peer_iters else None
     start = time.perf_counter()
     trainer = Trainer(cfg)
     result = trainer.run()
@@ -99,6 +106,11 @@ def main() -> None:
         "ffn_dim": model_cfg.ffn_dim,
         "tokens_per_s": round(result.median_tokens_per_s),  # median step: robust to co-tenants
         "tokens_per_s_mean": round(result.tokens_per_s),
+        "step_ms": step_ms(result),
+        "peer_fp32_eager_step_ms": peer,
+        "speedup_vs_peer_fp32_eager": round(peer["median"] / step_ms(result)["median"], 3)
+        if peer
+        else None,
         "ms_per_iter": round(1000 * cfg.tokens_per_iter / result.median_tokens_per_s, 2),
         "wall_s": round(wall_s, 1),
         "achieved_flop_s": round(achieved),
@@ -131,6 +143,14 @@ def main() -> None:
     )
     print(f"{'tokens/s (mean)':22s}{report['tokens_per_s_mean']:>12,}")
     print(f"{'ms/iter':22s}{report['ms_per_iter']:>12}{NANOGPT['ms_per_iter']:>12}")
+    ms = report["step_ms"]
+    print(f"step ms median/min/max: {ms['median']} / {ms['min']} / {ms['max']}")
+    if peer:
+        print(
+            f"peer, nanoGPT's recipe on this machine now (float32 eager, same block): "
+            f"{peer['median']} ms/iter (min {peer['min']}, max {peer['max']}) -> pellucid is "
+            f"{report['speedup_vs_peer_fp32_eager']}x; stored nanoGPT: {NANOGPT['ms_per_iter']}"
+        )
     print(f"{'val loss (20 batches)':22s}{report['val_loss']:>12}{NANOGPT['val_loss']:>12}")
     print(
         f"{'val loss (whole split)':22s}{report['val_loss_full_split']:>12}"
@@ -142,6 +162,19 @@ def main() -> None:
         f"(float32 peak {peak_before['float32'] / 1e9:.1f})"
     )
     save("train_baby", report)
+
+
+def peer_run(cfg: TrainConfig, work: Path, iters: int) -> TrainResult:
+    """nanoGPT's own settings for this run: float32, no compile, the same block and batches."""
+    peer = replace(cfg, dtype="float32", compile=False, max_iters=iters, out=str(work / "peer"),
+                   eval_interval=iters + 1, ckpt_interval=0)
+    return Trainer(peer, verbose=False).run()
+
+
+def step_ms(result: TrainResult, skip: int = 10) -> dict[str, float]:
+    """Median/min/max step time after the first steps (compilation, warm-up)."""
+    ms = sorted(1000 * s for s in result.step_seconds[skip:])
+    return {"median": round(ms[len(ms) // 2], 2), "min": round(ms[0], 2), "max": round(ms[-1], 2)}
 
 
 if __name__ == "__main__":

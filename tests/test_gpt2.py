@@ -96,16 +96,20 @@ def test_prompt_over_learned_positions_is_refused(trained: tuple[Trainer, Path])
         llm.generate("the king " * 5, SamplingParams(max_tokens=1))  # 45 tokens, 32 positions
 
 
-def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path):
+@pytest.mark.parametrize("tokenizer", ["bpe", "char"])
+def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path, tokenizer: str):
     from pellucid import LLM
     from pellucid.cli import main
 
     (tmp_path / "t.txt").write_text(tiny_text(3000))
-    main(["tokenizer", "train", str(tmp_path / "t.txt"), "--vocab-size", "300",
-          "--out", str(tmp_path / "bpe")])
-    prepare([str(tmp_path / "t.txt")], str(tmp_path / "bpe"), tmp_path / "data")
+    if tokenizer == "bpe":
+        main(["tokenizer", "train", str(tmp_path / "t.txt"), "--vocab-size", "300",
+              "--out", str(tmp_path / "bpe")])
+        tokenizer = str(tmp_path / "bpe")
+    prepare([str(tmp_path / "t.txt")], tokenizer, tmp_path / "data")
     trainer = Trainer(
-        tiny_config(tmp_path / "data", tmp_path / "run", arch="gpt2", max_iters=30, bias=True),
+        tiny_config(tmp_path / "data", tmp_path / "run", arch="gpt2", max_iters=30, bias=True,
+                    block_size=32),
         verbose=False,
     )
     trainer.run()
@@ -117,7 +121,7 @@ def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path):
     torch.testing.assert_close(llm.logits(ids), ours, rtol=1e-5, atol=1e-5)
 
     llama_cpp = pytest.importorskip("llama_cpp")  # installed by `make bench`
-    ref = llama_cpp.Llama(str(path), n_ctx=16, logits_all=True, verbose=False, n_threads=1)
+    ref = llama_cpp.Llama(str(path), n_ctx=32, logits_all=True, verbose=False, n_threads=1)
     assert ref.tokenize(b"The king and the queen", add_bos=False) == ids
     ref.eval(ids)
     theirs = torch.tensor(ref.scores[: len(ids)])

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# What pellucid's export writes as the merges of a char/byte vocabulary, which has none: llama.cpp
+# needs the key, the gguf writer refuses an empty array, and no symbol can ever equal these parts.
+NO_MERGES = "<no-merges> <no-merges>"
 # Part of every cache key: bump it when the tokenizer built from the same GGUF changes.
 CACHE_FORMAT = "pellucid-gguf-tokenizer-1"
 
@@ -66,9 +69,9 @@ class GGUFVocab:
             )
         n = len(tokens)
         types = list(metadata.get("tokenizer.ggml.token_type") or [NORMAL] * n)
-        merges = list(metadata.get("tokenizer.ggml.merges") or [])
+        merges = [m for m in metadata.get("tokenizer.ggml.merges") or [] if m != NO_MERGES]
         scores = list(metadata.get("tokenizer.ggml.scores") or [])
-        _check_lengths(model, n, types, merges, scores)
+        _check_lengths(model, tokens, types, merges, scores)
         pre = _pre_name(model, metadata)
         ids = {key: _token_id(metadata, key, n) for key in ("bos", "eos", "unknown", "eot", "eom")}
         # llama.cpp's defaults where a flag is absent: SentencePiece and Llama 3 add BOS.
@@ -236,12 +239,16 @@ def _token_id(metadata: dict[str, Any], name: str, n: int) -> int | None:
     return int(value)
 
 
-def _check_lengths(model: str, n: int, types: list, merges: list, scores: list) -> None:
+def _check_lengths(model: str, tokens: list, types: list, merges: list, scores: list) -> None:
+    n = len(tokens)
     if len(types) != n:
         raise ModelLoadError(
             f"GGUF has {n} tokens but {len(types)} token types; the file is corrupt"
         )
-    if model == "gpt2" and not merges:
+    # A character- or byte-level vocabulary (every ordinary token one symbol) needs no merges;
+    # a token of several symbols could never be produced without them.
+    merged = any(len(t) > 1 for t, kind in zip(tokens, types, strict=True) if kind == NORMAL)
+    if model == "gpt2" and not merges and merged:
         raise ModelLoadError(
             "GGUF byte-level BPE vocabulary has no tokenizer.ggml.merges; the file is incomplete"
         )

@@ -19,6 +19,7 @@ import numpy as np
 from torch import Tensor
 
 from pellucid.models.llama import LlamaModel
+from pellucid.tokenizer.gguf_vocab import NO_MERGES
 from pellucid.train.char_tokenizer import gpt2_byte_alphabet
 from pellucid.train.export import with_biases
 
@@ -139,7 +140,7 @@ def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path) -> None:
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    writer.add_token_merges(merges or [NO_MERGES])  # char/byte vocabularies have no merges
     writer.add_add_bos_token(False)
     for key, add in (
         ("bos_token", writer.add_bos_token_id),
