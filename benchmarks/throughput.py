@@ -25,6 +25,7 @@ import torch
 from common import peak_rss_mib, repeat, save
 
 from pellucid import LLM, SamplingParams
+from pellucid.config import EngineConfig
 
 
 def workload(n: int, vocab: int, seed: int, max_in: int, max_out: int):
@@ -58,7 +59,10 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile the decode steps")
     args = ap.parse_args()
 
-    llm = LLM(args.model, dtype=args.dtype, compile=args.compile)
+    # No prefix caching: the repeats send the same prompts, and a cache hit would skip their
+    # pre-fill, while llama.cpp starts every batch from an empty context.
+    llm = LLM(args.model, dtype=args.dtype, compile=args.compile,
+              engine=EngineConfig(enable_prefix_caching=False))
     vocab = llm.config.vocab_size
     one_prompt, one_params = workload(1, vocab, 0, args.max_input, args.max_output)
     one_params[0].max_tokens = args.max_output

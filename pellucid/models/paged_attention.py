@@ -51,6 +51,14 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
     out = torch.empty_like(q)
     for s in ctx.prefills:
         rows = slice(s.start, s.start + s.length)
+        if s.ctx_len == s.length and window is None and keep is None:
+            # Nothing cached before this chunk: its keys are this step's own, in the queries'
+            # dtype already, and the mask is the plain triangle (no pool gather, no mask tensor).
+            o = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
+                v[rows].transpose(0, 1)[None], is_causal=True, scale=scale, enable_gqa=True)
+            out[rows] = o[0].transpose(0, 1)
+            continue
         keys = k_cache[s.block_table].flatten(0, 1)[: s.ctx_len]  # (S, Hkv, hd)
         values = v_cache[s.block_table].flatten(0, 1)[: s.ctx_len]
         k_pos = torch.arange(s.ctx_len)
