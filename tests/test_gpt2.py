@@ -113,7 +113,7 @@ def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path, tokenizer:
         verbose=False,
     )
     trainer.run()
-    path = export_checkpoint(tmp_path / "run", tmp_path / "model.gguf")
+    path = export_checkpoint(tmp_path / "run", tmp_path / "new" / "model.gguf")  # makes "new"
     llm = LLM(path)
     ids = llm.encode("The king and the queen")
     with torch.no_grad():

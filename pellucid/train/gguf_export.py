@@ -93,6 +93,7 @@ def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
     cfg = model.cfg
     if cfg.arch not in ("llama", "gpt2"):
         raise ValueError(f"GGUF export writes llama and gpt2 models; this one is {cfg.arch}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     writer = gguf.GGUFWriter(str(tmp), cfg.arch)
     writer.add_name(path.stem)
