@@ -28,6 +28,10 @@ class LayerNorm(nn.LayerNorm):
         return out.to(x.dtype)
 
 
+def layer_norm(cfg: ModelConfig) -> LayerNorm:
+    return LayerNorm(cfg.dim, cfg.norm_eps, bias=cfg.attn_bias)
+
+
 class GPT2Attention(Attention):
     def make_projections(self, cfg: ModelConfig) -> None:
         q_size = cfg.n_heads * cfg.head_dim
@@ -50,7 +54,7 @@ class GPT2MLP(nn.Module):
 
 class GPT2Block(Block):
     def make_norm(self, cfg: ModelConfig) -> nn.Module:
-        return LayerNorm(cfg.dim, cfg.norm_eps, bias=cfg.attn_bias)
+        return layer_norm(cfg)
 
     def make_attention(self, cfg: ModelConfig, layer: int) -> Attention:
         return GPT2Attention(cfg, layer)
@@ -68,7 +72,7 @@ class GPT2Model(LlamaModel):
         self.embed_positions = nn.Embedding(cfg.context_length, cfg.dim)  # GPT-2's wpe
 
     def make_norm(self, cfg: ModelConfig) -> nn.Module:
-        return LayerNorm(cfg.dim, cfg.norm_eps, bias=cfg.attn_bias)
+        return layer_norm(cfg)
 
     def embed(self, ids: Tensor, positions: Tensor) -> Tensor:
         return self.embed_tokens(ids) + self.embed_positions(positions)  # (B, T, dim) + (T, dim)
