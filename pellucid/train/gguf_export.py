@@ -22,26 +22,12 @@ from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer.gguf_vocab import NO_MERGES
 from pellucid.train.char_tokenizer import gpt2_byte_alphabet
 from pellucid.train.export import with_biases
+from pellucid.weights.gguf_loader import BLOCK_NAMES, FFN_NORM, GLOBAL_NAMES
 
-NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.qkv_proj": "attn_qkv",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-GLOBAL = {
-    "embed_tokens.weight": "token_embd.weight",
-    "embed_positions.weight": "position_embd.weight",
-    "norm.weight": "output_norm.weight",
-    "norm.bias": "output_norm.bias",
-    "lm_head.weight": "output.weight",
-}
+# The loader's name tables read backwards. The norm before the MLP, which Llama and GPT-2 call
+# post_attention_layernorm, is llama.cpp's ffn_norm (Gemma's post_attention_norm is not exported).
+NAMES = {ours: part for part, ours in BLOCK_NAMES.items()} | {FFN_NORM["llama"]: "ffn_norm"}
+GLOBAL = {ours: name for name, ours in GLOBAL_NAMES.items()}
 NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type values
 
 
