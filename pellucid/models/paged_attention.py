@@ -108,6 +108,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
                      mask: Tensor, scale: float) -> Tensor:
     """One query per sequence, q (B, H, hd) -> (B, H, hd): gather each sequence's keys and
     values through its block table, then the fused SDPA kernel."""
+    if torch.compiler.is_compiling():
+        return decode_attention_in_place(q, k_cache, v_cache, block_tables, mask, scale)
     keys, values = gather_blocks(k_cache, block_tables), gather_blocks(v_cache, block_tables)
     B, H, hd = q.shape
     # GQA with one token: the queries sharing a KV head are that head's "query rows". (With
@@ -115,3 +117,21 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     grouped = q.view(B, keys.shape[1], H // keys.shape[1], hd)
     o = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
     return o.reshape(B, H, hd)
+
+
+def decode_attention_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                              mask: Tensor, scale: float) -> Tensor:
+    """decode_attention written as plain products and sums, for inductor: it turns each into one
+    loop that reads keys and values where they lie in the pool, through the block table, with
+    no gathered copy. 2x faster than gather + SDPA for one sequence at 512 tokens, 9x for 32
+    sequences (compiled, SmolLM2's shapes). Eagerly it would build (B, S, Hkv, G, hd) products."""
+    B, H, hd = q.shape
+    n_kv = k_cache.shape[2]
+    S = block_tables.shape[1] * k_cache.shape[1]  # padded context length
+    keys = k_cache[block_tables].view(B, S, n_kv, 1, hd)
+    values = v_cache[block_tables].view(B, S, n_kv, 1, hd)
+    grouped = q.view(B, 1, n_kv, H // n_kv, hd).float()  # the G query heads of each KV head
+    scores = (keys * grouped).sum(-1) * scale  # (B, S, Hkv, G)
+    scores = scores.masked_fill(~mask[:, 0, 0, :, None, None], float("-inf"))
+    probs = scores.softmax(1)
+    return (probs[..., None] * values).sum(1).view(B, H, hd)  # (B, Hkv, G, hd) -> (B, H, hd)

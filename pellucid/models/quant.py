@@ -193,6 +193,14 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
     return model
 
 
+def make_dense(model: LlamaModel) -> None:
+    """Give every packed layer of the decoder its bf16 matrix now (pre-fill of more than
+    DENSE_ROWS tokens does the same) — for a compiled graph, which must not find it missing."""
+    for module in model.layers.modules():
+        if isinstance(module, PackedLinear) and module.dense is None:
+            module.dense = module.dequantize()
+
+
 def share_embedding(model: LlamaModel) -> None:
     """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
     (Call again after load_state_dict(assign=True) replaces the table.)"""
