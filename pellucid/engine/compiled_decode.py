@@ -28,8 +28,6 @@ from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense
 from pellucid.weights.cache import cache_root
 
-Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
-
 OPTIONS = {
     # Before each call dynamo checks its guards: ~5,000 of them over the modules' attributes took
     # ~1 ms a token. A served model's modules do not change once loaded (PackedLinear's dense
@@ -53,8 +51,7 @@ class CompiledDecode:
         # Inductor reads this when it first compiles: its kernels persist with pellucid's cache.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
         self.model = model
-        self.eager: Forward = model.hidden_states
-        self.compiled: Forward | None = None  # made on the first call: importing the compiler
+        self.compiled: Callable[[Tensor, Tensor, ForwardContext], Tensor] | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes ~1.5 s, which a load should not pay
         self.dense_made = False
 
@@ -73,6 +70,10 @@ class CompiledDecode:
                       "decoding eagerly", file=sys.stderr)
                 self.compiled, self.failed = None, True
         return self.eager(ids, positions, ctx)
+
+    def eager(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        """ids (1, N), positions (N,) -> float32 logits (N, vocab) for every row."""
+        return self.model.compute_logits(self.model.hidden_states(ids, positions, ctx)[0])
 
 
 def mark_varying(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> None:

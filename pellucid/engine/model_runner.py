@@ -33,13 +33,17 @@ class ModelRunner:
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
-        forward = self.model.hidden_states
-        if self.compiled_decode is not None and not ctx.prefills and not traced:
-            forward = self.compiled_decode  # every row decodes one token
-        hidden = forward(ids[None], positions, ctx)[0]  # (N, dim)
         logits, token_ids = None, []
-        if last_rows:
-            logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
+        if self.compiled_decode is not None and not ctx.prefills and not traced:
+            # every row decodes one token: the whole step, LM head included, is one graph
+            logits = self.compiled_decode(ids[None], positions, ctx)  # (N, vocab)
+            if len(last_rows) < len(ids):
+                logits = logits[last_rows]
+        else:
+            hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
+            if last_rows:
+                logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
+        if logits is not None and last_rows:
             seqs = batch.sampling
             out = sample(logits, [s.sampler_state for s in seqs])
             token_ids = out.token_ids.tolist()

@@ -80,12 +80,12 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
             d.masks[window] = attention_mask((d.ctx_lens - 1)[:, None],
                                              torch.arange(max_len)[None], window)[:, None]
         queries = q if not ctx.prefills else q[d.rows]  # without pre-fills: all rows, in order
-        # In the cache's dtype: the int4 path keeps a float32 cache because one query against
-        # 512 bf16 keys takes SDPA 5x longer than in float32 on CPU.
-        queries = queries.to(k_cache.dtype)
+        # In float32 whatever the cache holds: one query against 512 bf16 keys takes SDPA 5x
+        # longer than in float32 on CPU.
+        queries = queries.float()
         if keep is not None:  # a traced step: the probabilities are kept, so no fused kernel
-            keys = gather_blocks(k_cache, d.block_tables)
-            values = gather_blocks(v_cache, d.block_tables)
+            keys = gather_blocks(k_cache, d.block_tables).float()
+            values = gather_blocks(v_cache, d.block_tables).float()
             o = attend(queries[:, :, None], keys, values, d.masks[window], scale, keep)[:, :, 0]
         else:
             o = decode_attention(queries, k_cache, v_cache, d.block_tables, d.masks[window], scale)
@@ -106,11 +106,13 @@ def gather_blocks(cache: Tensor, block_tables: Tensor) -> Tensor:
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
                      mask: Tensor, scale: float) -> Tensor:
-    """One query per sequence, q (B, H, hd) -> (B, H, hd): gather each sequence's keys and
-    values through its block table, then the fused SDPA kernel."""
+    """One query per sequence, q (B, H, hd) -> (B, H, hd) in q's dtype (float32 here, whatever
+    the cache's): gather each sequence's keys and values through its block table, then the
+    fused SDPA kernel."""
     if torch.compiler.is_compiling():
         return decode_attention_in_place(q, k_cache, v_cache, block_tables, mask, scale)
-    keys, values = gather_blocks(k_cache, block_tables), gather_blocks(v_cache, block_tables)
+    keys = gather_blocks(k_cache, block_tables).to(q.dtype)
+    values = gather_blocks(v_cache, block_tables).to(q.dtype)
     B, H, hd = q.shape
     # GQA with one token: the queries sharing a KV head are that head's "query rows". (With
     # enable_gqa instead, the compiled decode step ran 30% slower at 512 tokens of context.)
@@ -130,8 +132,9 @@ def decode_attention_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, block
     S = block_tables.shape[1] * k_cache.shape[1]  # padded context length
     keys = k_cache[block_tables].view(B, S, n_kv, 1, hd)
     values = v_cache[block_tables].view(B, S, n_kv, 1, hd)
-    grouped = q.view(B, 1, n_kv, H // n_kv, hd).float()  # the G query heads of each KV head
-    scores = (keys * grouped).sum(-1) * scale  # (B, S, Hkv, G)
+    grouped = q.view(B, 1, n_kv, H // n_kv, hd)  # the G query heads of each KV head
+    scores = (keys.to(q.dtype) * grouped).sum(-1) * scale  # (B, S, Hkv, G)
     scores = scores.masked_fill(~mask[:, 0, 0, :, None, None], float("-inf"))
     probs = scores.softmax(1)
-    return (probs[..., None] * values).sum(1).view(B, H, hd)  # (B, Hkv, G, hd) -> (B, H, hd)
+    out = (probs[..., None] * values.to(q.dtype)).sum(1)  # (B, Hkv, G, hd)
+    return out.view(B, H, hd)

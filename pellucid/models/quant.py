@@ -136,6 +136,11 @@ class Int8Linear(PackedLinear):
         self.scales = scale.bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
+        if rows.shape[0] == 1 and torch.compiler.is_compiling():
+            # One row, compiled: inductor's own loop over the int8 matrix runs 1.3x faster
+            # than the kernel (SmolLM2's LM head, 28 MB: 1.4 vs 1.9 ms), both bound by memory.
+            y = (self.weight * rows.float()).sum(-1) * self.scales.float()  # (1, out)
+            return y.to(rows.dtype)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
 
     def dequantize(self) -> Tensor:
