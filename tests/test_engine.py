@@ -127,3 +127,13 @@ def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, promp
     assert not engine.model_runner.compiled_decode.failed  # it did not fall back to eager
     assert run(tiny, prompts, EngineConfig(compile=True, block_size=4))[0] == expected
     assert counters["stats"]["unique_graphs"] <= 2
+
+    # A second model of the same shapes that differs in a constant the graph bakes in (each
+    # norm's epsilon): it must get its own graph, not reuse the first model's.
+    other = build_model(dataclasses.replace(cfg, norm_eps=1.0)).eval().requires_grad_(False)
+    other.load_state_dict(model.state_dict())
+    tiny_other = SimpleNamespace(model=other, tokenizer=smollm2.tokenizer,
+                                 kv_dtype=torch.float32)
+    expected_other = [reference_greedy(other, p) for p in prompts]
+    assert expected_other != expected
+    assert run(tiny_other, prompts, EngineConfig(compile=True, block_size=4))[0] == expected_other

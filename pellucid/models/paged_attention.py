@@ -126,15 +126,15 @@ def decode_attention_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, block
     """decode_attention written as plain products and sums, for inductor: it turns each into one
     loop that reads keys and values where they lie in the pool, through the block table, with
     no gathered copy. 2x faster than gather + SDPA for one sequence at 512 tokens, 9x for 32
-    sequences (compiled, SmolLM2's shapes). Eagerly it would build (B, S, Hkv, G, hd) products."""
+    sequences (compiled, SmolLM2's shapes). Eagerly it would build (B, Hkv, G, S, hd) products."""
     B, H, hd = q.shape
     n_kv = k_cache.shape[2]
     S = block_tables.shape[1] * k_cache.shape[1]  # padded context length
-    keys = k_cache[block_tables].view(B, S, n_kv, 1, hd)
-    values = v_cache[block_tables].view(B, S, n_kv, 1, hd)
-    grouped = q.view(B, 1, n_kv, H // n_kv, hd)  # the G query heads of each KV head
-    scores = (keys.to(q.dtype) * grouped).sum(-1) * scale  # (B, S, Hkv, G)
-    scores = scores.masked_fill(~mask[:, 0, 0, :, None, None], float("-inf"))
-    probs = scores.softmax(1)
-    out = (probs[..., None] * values.to(q.dtype)).sum(1)  # (B, Hkv, G, hd)
+    # (B, Hkv, 1, S, hd): heads before positions, so each score sums one contiguous row of hd
+    keys = k_cache[block_tables].view(B, S, n_kv, hd).transpose(1, 2)[:, :, None]
+    values = v_cache[block_tables].view(B, S, n_kv, hd).transpose(1, 2)[:, :, None]
+    grouped = q.view(B, n_kv, H // n_kv, 1, hd)  # the G query heads of each KV head
+    scores = (keys.to(q.dtype) * grouped).sum(-1) * scale  # (B, Hkv, G, S)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)  # mask (B, 1, 1, S)
+    out = (probs[..., None] * values.to(q.dtype)).sum(-2)  # (B, Hkv, G, hd)
     return out.view(B, H, hd)
