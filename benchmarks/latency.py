@@ -76,7 +76,9 @@ def main() -> None:
                   f"{ratios[k]:.2f}x")
         print(f"{name} {'load_s':26s} {peer['load_s']:.2f}   peak RSS {peer['peak_rss_mib']} MiB "
               f"(pellucid/{name} {ratios['peak_rss']:.2f}x)")
-    save("latency", result)
+    # one file per mode, so an eager or float32 run does not overwrite the fast path's result
+    mode = ("" if args.compile else "-eager") + ("" if args.dtype == "int4" else f"-{args.dtype}")
+    save(f"latency{mode}", result)
 
 
 def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> dict | None:
