@@ -82,7 +82,8 @@ def mark_varying(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> None:
     shape guards to evaluate per call."""
     for t, dim in ((ids, 1), (positions, 0), (ctx.slot_mapping, 0)):
         torch._dynamo.maybe_mark_dynamic(t, dim)
-    if ctx.decode is not None:
-        torch._dynamo.maybe_mark_dynamic(ctx.decode.rows, 0)
-        torch._dynamo.maybe_mark_dynamic(ctx.decode.block_tables, [0, 1])
-        torch._dynamo.maybe_mark_dynamic(ctx.decode.ctx_lens, 0)
+    if (d := ctx.decode) is not None:
+        for t in (d.rows, d.ctx_lens, d.blocks, d.block_rows, d.block_starts):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        for t in (d.block_tables, d.row_blocks, d.row_blocks_valid):
+            torch._dynamo.maybe_mark_dynamic(t, [0, 1])

@@ -83,18 +83,35 @@ class ModelRunner:
                 last_rows.append(len(ids) - 1)
         ctx = ForwardContext(
             self.pool.k, self.pool.v, torch.cat(slots), prefills,
-            _decode_batch(decode_rows, decode_tables, decode_lens),
+            _decode_batch(decode_rows, decode_tables, decode_lens, bs),
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows
 
 
-def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int]) -> DecodeBatch | None:
+def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int],
+                  block_size: int) -> DecodeBatch | None:
     if not rows:
         return None
     # At least 2 wide: torch.compile specializes a dimension of size 1 into its own graph.
     width = max(2, max(len(t) for t in tables))
     padded = [t + [0] * (width - len(t)) for t in tables]  # block 0 as filler, masked out
-    return DecodeBatch(torch.tensor(rows), torch.tensor(padded), torch.tensor(lens))
+    blocks: list[int] = []
+    block_rows: list[int] = []
+    starts: list[int] = []
+    row_blocks: list[list[int]] = []
+    for row, (table, n) in enumerate(zip(tables, lens)):
+        used = table[: -(-n // block_size)]  # the blocks holding its n tokens
+        row_blocks.append(list(range(len(blocks), len(blocks) + len(used))))
+        blocks += used
+        block_rows += [row] * len(used)
+        starts += range(0, len(used) * block_size, block_size)
+    if len(blocks) == 1:  # one row in one block: a masked-out filler block keeps T >= 2
+        blocks, block_rows, starts = blocks + [0], block_rows + [0], starts + [block_size]
+    valid = [[True] * len(r) + [False] * (width - len(r)) for r in row_blocks]
+    row_blocks = [r + [0] * (width - len(r)) for r in row_blocks]
+    return DecodeBatch(torch.tensor(rows), torch.tensor(padded), torch.tensor(lens),
+                       torch.tensor(blocks), torch.tensor(block_rows), torch.tensor(starts),
+                       torch.tensor(row_blocks), torch.tensor(valid))
 
 
 def _token_logprob(out: SamplerOutput, row: int, token_id: int, n_top: int | None) -> TokenLogprob:

@@ -25,11 +25,20 @@ class PrefillSlice:
 
 @dataclass(slots=True)
 class DecodeBatch:
-    """All sequences that add exactly one token this step, attended in one batched call."""
+    """All sequences that add exactly one token this step, attended in one batched call.
+
+    Two views of where their keys lie: padded block tables (eager attention gathers them), and
+    every row's blocks one after another with no padding (compiled attention works block by
+    block and then merges each row's blocks, so a short row does not pay for the longest)."""
 
     rows: Tensor  # (B,) their rows among the step's tokens
     block_tables: Tensor  # (B, max_blocks) int64, padded with block 0 (masked out)
     ctx_lens: Tensor  # (B,) tokens in each cache including the new one
+    blocks: Tensor  # (T,) int64: the blocks the B rows use, row after row
+    block_rows: Tensor  # (T,) int64: the row each of them belongs to
+    block_starts: Tensor  # (T,) int64: the position in its sequence of each block's first slot
+    row_blocks: Tensor  # (B, max_blocks) int64: each row's indices into `blocks`, padded with 0
+    row_blocks_valid: Tensor  # (B, max_blocks) bool: False where row_blocks is padding
     masks: dict[int | None, Tensor] = field(default_factory=dict)  # by window: (B, 1, 1, max_len)
 
 

@@ -1,8 +1,9 @@
 """Attention over the paged KV cache: write this step's K/V into their slots, then let each
 query attend to its sequence's cached keys and values (gathered through the block table).
 
-Pre-fill chunks are attended one sequence at a time (many queries each); decode rows are padded
-to a common length and attended in one batched call (one query each).
+Pre-fill chunks are attended one sequence at a time (many queries each); decode rows (one query
+each) are attended in one batched call: eagerly over block tables padded to a common length,
+compiled block by block with no padding.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pellucid.models.context import ForwardContext
+from pellucid.models.context import DecodeBatch, ForwardContext
 
 
 def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
@@ -74,26 +75,36 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
         out[rows] = o[0].transpose(0, 1)
     if ctx.decode is not None:
         d = ctx.decode
-        max_len = d.block_tables.shape[1] * k_cache.shape[1]
-        if window not in d.masks:  # the same for every layer with this window: made once a step
-            # Causality also hides the padding: every padded slot lies after the query's position.
-            d.masks[window] = attention_mask((d.ctx_lens - 1)[:, None],
-                                             torch.arange(max_len)[None], window)[:, None]
         queries = q if not ctx.prefills else q[d.rows]  # without pre-fills: all rows, in order
         # In float32 whatever the cache holds: one query against 512 bf16 keys takes SDPA 5x
         # longer than in float32 on CPU.
         queries = queries.float()
-        if keep is not None:  # a traced step: the probabilities are kept, so no fused kernel
-            keys = gather_blocks(k_cache, d.block_tables).float()
-            values = gather_blocks(v_cache, d.block_tables).float()
-            o = attend(queries[:, :, None], keys, values, d.masks[window], scale, keep)[:, :, 0]
+        if torch.compiler.is_compiling() and keep is None:
+            o = decode_attention_by_block(queries, k_cache, v_cache, d, window, scale)
         else:
-            o = decode_attention(queries, k_cache, v_cache, d.block_tables, d.masks[window], scale)
+            mask = padded_mask(d, window, k_cache.shape[1])
+            if keep is not None:  # a traced step: the probabilities are kept: no fused kernel
+                keys = gather_blocks(k_cache, d.block_tables).float()
+                values = gather_blocks(v_cache, d.block_tables).float()
+                o = attend(queries[:, :, None], keys, values, mask, scale, keep)[:, :, 0]
+            else:
+                o = decode_attention(queries, k_cache, v_cache, d.block_tables, mask, scale)
         o = o.to(q.dtype)  # (B, H, hd)
         if not ctx.prefills:
             return o
         out[d.rows] = o
     return out
+
+
+def padded_mask(d: DecodeBatch, window: int | None, block_size: int) -> Tensor:
+    """(B, 1, 1, max_len) bool over the padded block tables; the same for every layer with this
+    window, so made once a step. Causality also hides the padding: every padded slot lies
+    after the query's position."""
+    if window not in d.masks:
+        max_len = d.block_tables.shape[1] * block_size
+        d.masks[window] = attention_mask((d.ctx_lens - 1)[:, None], torch.arange(max_len)[None],
+                                         window)[:, None]
+    return d.masks[window]
 
 
 def gather_blocks(cache: Tensor, block_tables: Tensor) -> Tensor:
@@ -109,8 +120,6 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     """One query per sequence, q (B, H, hd) -> (B, H, hd) in q's dtype (float32 here, whatever
     the cache's): gather each sequence's keys and values through its block table, then the
     fused SDPA kernel."""
-    if torch.compiler.is_compiling():
-        return decode_attention_in_place(q, k_cache, v_cache, block_tables, mask, scale)
     keys = gather_blocks(k_cache, block_tables).to(q.dtype)
     values = gather_blocks(v_cache, block_tables).to(q.dtype)
     B, H, hd = q.shape
@@ -121,20 +130,37 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     return o.reshape(B, H, hd)
 
 
-def decode_attention_in_place(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                              mask: Tensor, scale: float) -> Tensor:
-    """decode_attention written as plain products and sums, for inductor: it turns each into one
-    loop that reads keys and values where they lie in the pool, through the block table, with
-    no gathered copy. 2x faster than gather + SDPA for one sequence at 512 tokens, 9x for 32
-    sequences (compiled, SmolLM2's shapes). Eagerly it would build (B, Hkv, G, S, hd) products."""
+def decode_attention_by_block(q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeBatch,
+                              window: int | None, scale: float) -> Tensor:
+    """decode_attention for inductor, q (B, H, hd) float32 -> (B, H, hd), in two stages.
+
+    1. Each block any row uses is attended by that row's query on its own (T blocks, no padding
+       between rows): the block's highest score m, its sum of exp(score - m), and its
+       exp-weighted values. Written as plain products and sums, inductor turns this into loops
+       that read keys and values where they lie in the pool, with no gathered copy.
+    2. Each row merges its blocks' results, rescaled to the row's highest score (the merge of
+       flash-decoding). Only this stage is padded to the longest row, and it is per block, not
+       per token.
+    For 32 rows of 20-384 tokens this takes half the time of attending the padded tables (the
+    work follows the tokens there are); for one row, the same.
+    """
     B, H, hd = q.shape
-    n_kv = k_cache.shape[2]
-    S = block_tables.shape[1] * k_cache.shape[1]  # padded context length
-    # (B, Hkv, 1, S, hd): heads before positions, so each score sums one contiguous row of hd
-    keys = k_cache[block_tables].view(B, S, n_kv, hd).transpose(1, 2)[:, :, None]
-    values = v_cache[block_tables].view(B, S, n_kv, hd).transpose(1, 2)[:, :, None]
-    grouped = q.view(B, n_kv, H // n_kv, 1, hd)  # the G query heads of each KV head
-    scores = (keys.to(q.dtype) * grouped).sum(-1) * scale  # (B, Hkv, G, S)
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)  # mask (B, 1, 1, S)
-    out = (probs[..., None] * values.to(q.dtype)).sum(-2)  # (B, Hkv, G, hd)
-    return out.view(B, H, hd)
+    block_size, n_kv = k_cache.shape[1], k_cache.shape[2]
+    positions = d.block_starts[:, None] + torch.arange(block_size)  # (T, bs)
+    allowed = attention_mask((d.ctx_lens[d.block_rows] - 1)[:, None], positions, window)[:, 0]
+    keys = k_cache[d.blocks].transpose(1, 2)[:, :, None]  # (T, Hkv, 1, bs, hd)
+    values = v_cache[d.blocks].transpose(1, 2)[:, :, None]
+    queries = q.view(B, n_kv, H // n_kv, 1, hd)[d.block_rows]  # (T, Hkv, G, 1, hd)
+    scores = (keys.to(q.dtype) * queries).sum(-1) * scale  # (T, Hkv, G, bs)
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    high = scores.amax(-1)  # (T, Hkv, G); -inf for a block the window hides entirely
+    weights = torch.exp(scores - high.clamp(min=-1e30)[..., None])  # such a block: all 0
+    total = weights.sum(-1)
+    out = (weights[..., None] * values.to(q.dtype)).sum(-2)  # (T, Hkv, G, hd)
+
+    # (B, n, Hkv, G): each row's blocks; padding and hidden blocks weigh exp(-inf) = 0
+    row_high = high[d.row_blocks].masked_fill(~d.row_blocks_valid[:, :, None, None], float("-inf"))
+    rescale = torch.exp(row_high - row_high.amax(1, keepdim=True))
+    row_total = (total[d.row_blocks] * rescale).sum(1)  # (B, Hkv, G)
+    row_out = (out[d.row_blocks] * rescale[..., None]).sum(1)  # (B, Hkv, G, hd)
+    return (row_out / row_total[..., None]).view(B, H, hd)
