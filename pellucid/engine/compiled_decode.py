@@ -1,5 +1,5 @@
-"""A compiled decode step: torch.compile (inductor) of the model's forward pass for steps whose
-rows all decode one token — the step a chat repeats hundreds of times.
+"""A compiled decode step: torch.compile (inductor) of the model's forward pass, LM head
+included, for steps whose rows all decode one token — the step a chat repeats hundreds of times.
 
 Why: in eager mode each of the ~40 small ops per layer is a separate call from Python, and over
 30 layers that overhead outweighs the arithmetic of a one-token step (SmolLM2 int4: ~15 ms a
@@ -28,6 +28,8 @@ from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense
 from pellucid.weights.cache import cache_root
 
+Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
+
 OPTIONS = {
     # Before each call dynamo checks its guards: ~5,000 of them over the modules' attributes took
     # ~1 ms a token. A served model's modules do not change once loaded (PackedLinear's dense
@@ -51,7 +53,7 @@ class CompiledDecode:
         # Inductor reads this when it first compiles: its kernels persist with pellucid's cache.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
         self.model = model
-        self.compiled: Callable[[Tensor, Tensor, ForwardContext], Tensor] | None = None  # made on the first call: importing the compiler
+        self.compiled: Forward | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes ~1.5 s, which a load should not pay
         self.dense_made = False
 
