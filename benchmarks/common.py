@@ -15,10 +15,14 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def repeat(fn: Callable[[], float], n: int) -> dict[str, float]:
-    """Run fn n times (it returns one measured value) -> median / min / max."""
-    values = [fn() for _ in range(n)]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def repeat(fn: Callable[[], float], n: int) -> dict[str, object]:
+    """Run fn n times (it returns one measured value) -> median / min / max, and the values."""
+    return summarize([fn() for _ in range(n)])
+
+
+def summarize(values: list[float]) -> dict[str, object]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": [round(v, 3) for v in values]}
 
 
 def timed(fn: Callable[[], object]) -> float:

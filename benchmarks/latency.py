@@ -2,13 +2,15 @@
 128 tokens, peak RSS. Prints median/min/max over repeats; the last line is one JSON object.
 
     .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype int4|float32]
-        [--compile] [--repeats 5] [--no-hf] [--no-llama-cpp]
+        [--compile] [--repeats 5] [--rounds 2] [--no-hf] [--no-llama-cpp]
 
 Peers in the same run, on the same GGUF and the same token ids (`make bench` installs both):
 llama.cpp (llama-cpp-python, the quantized weights, torch's thread count) and Hugging Face
 transformers (fp32). Each engine runs in a process of its own, so each peak RSS is its own. HF's
 decode rate is (n - 1) tokens over generate(n) minus generate(1), llama.cpp's the time from its
-first generated token to its n-th, so neither counts pre-fill as decode.
+first generated token to its n-th, so neither counts pre-fill as decode. The engines take turns
+(--rounds): each round runs each engine once, with --repeats measurements, and the statistics
+pool all rounds, so a neighbour that slows the machine for a minute slows every engine alike.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import llama_cpp_batch
 import torch
-from common import hf_peer, peak_rss_mib, repeat, save
+from common import hf_peer, peak_rss_mib, repeat, save, summarize
 
 from pellucid import LLM, SamplingParams, catalog
 from pellucid.config import EngineConfig
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=2, help="times the engines take turns")
     ap.add_argument("--compile", action="store_true", help="torch.compile pellucid's decode step")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
@@ -52,26 +55,31 @@ def main() -> None:
 
     # Fill the weight cache that this dtype's load reads, so the timed load is a warm one
     (load_int4 if args.dtype == "int4" else read_checkpoint)(catalog.resolve(args.model))
+    peers = [name for name in ("llama_cpp", "hf") if not getattr(args, f"no_{name}")]
+    runs: dict[str, list[dict]] = {name: [] for name in ["pellucid", *peers]}
+    ids = None
+    for _ in range(args.rounds):
+        for name, done in runs.items():
+            out = in_subprocess(name, args, ids)
+            if name == "pellucid" and ids is None:  # the peers run pellucid's token ids
+                ids = {"prompt": out["prompt_ids"], "short": out["short_ids"]}
+            if out:
+                done.append(out)
     result = {"model": args.model, "dtype": args.dtype, "compile": args.compile,
-              **in_subprocess("pellucid", args, None)}
-    ids = {"prompt": result.pop("prompt_ids"), "short": result.pop("short_ids")}
+              "rounds": args.rounds, **pooled(runs["pellucid"])}
     result["workload"] = f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens"
-    keys = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
-    for key in keys:
+    for key in KEYS:
         s = result[key]
         print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
     print(f"{'load_s':28s} {result['load_s']:.2f}   peak RSS {result['peak_rss_mib']} MiB")
-    for name in ("llama_cpp", "hf"):
-        if getattr(args, f"no_{name}"):
+    for name in peers:
+        if not runs[name]:
             continue
-        peer = in_subprocess(name, args, ids)
-        if not peer:
-            continue
-        result[name] = peer
-        ratios = {k: round(result[k]["median"] / peer[k]["median"], 2) for k in keys}
+        peer = result[name] = pooled(runs[name])
+        ratios = {k: round(result[k]["median"] / peer[k]["median"], 2) for k in KEYS}
         ratios["peak_rss"] = round(result["peak_rss_mib"] / peer["peak_rss_mib"], 2)
         result[f"ratios_vs_{name}"] = ratios
-        for k in keys:
+        for k in KEYS:
             print(f"{name} {k:26s} median {peer[k]['median']:8.1f}   pellucid/{name} "
                   f"{ratios[k]:.2f}x")
         print(f"{name} {'load_s':26s} {peer['load_s']:.2f}   peak RSS {peer['peak_rss_mib']} MiB "
@@ -79,6 +87,20 @@ def main() -> None:
     # one file per mode, so an eager or float32 run does not overwrite the fast path's result
     mode = ("" if args.compile else "-eager") + ("" if args.dtype == "int4" else f"-{args.dtype}")
     save(f"latency{mode}", result)
+
+
+KEYS = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
+
+
+def pooled(outs: list[dict]) -> dict[str, object]:
+    """One engine's rounds as one result: the speeds' statistics over every round's values,
+    the median load time, the highest peak RSS."""
+    result = {k: v for k, v in outs[0].items() if k not in ("prompt_ids", "short_ids")}
+    for key in KEYS:
+        result[key] = summarize([v for out in outs for v in out[key]["values"]])
+    result["load_s"] = sorted(out["load_s"] for out in outs)[len(outs) // 2]
+    result["peak_rss_mib"] = max(out["peak_rss_mib"] for out in outs)
+    return result
 
 
 def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> dict | None:

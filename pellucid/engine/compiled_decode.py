@@ -4,7 +4,8 @@ included, for steps whose rows all decode one token — the step a chat repeats 
 Why: in eager mode each of the ~40 small ops per layer is a separate call from Python, and over
 30 layers that overhead outweighs the arithmetic of a one-token step (SmolLM2 int4: ~15 ms a
 token, ~5 ms of it in the matrix kernels). Inductor fuses the element-wise ops into a few C++
-kernels; the same decode runs ~1.8x faster.
+kernels; the same decode runs ~1.8x faster. A packed model's LM head also switches to fbgemm
+for one row (models/fbgemm.py): 8-bit activations, 2-3x faster on the head's big matrix.
 
 Shapes are dynamic (rows, block-table width), so one graph serves every context length; a
 graph for one row and one for several are the only two (the int4 path adds one for more than
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from pellucid.models.context import ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, make_dense
+from pellucid.models.quant import DENSE_ROWS, Int8Linear, make_dense
 from pellucid.weights.cache import cache_root
 
 Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
@@ -59,6 +60,8 @@ class CompiledDecode:
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         if self.compiled is None and not self.failed:
+            if isinstance(head := self.model.lm_head, Int8Linear):
+                head.use_fbgemm()  # before tracing: the graph calls fbgemm for one row
             self.compiled = torch.compile(self.eager, dynamic=None, options=OPTIONS)
         if self.compiled is not None:
             if ids.shape[1] > DENSE_ROWS and not self.dense_made:

@@ -1,0 +1,82 @@
+"""One-row products with an int8 matrix by fbgemm (torch's x86 int8 GEMM library): the LM head
+of a compiled decode step.
+
+Why: decoding one token multiplies one row of activations by the head's whole matrix (Gemma 3:
+262,144 x 640 int8, 168 MB). Widening each int8 weight to float before multiplying, as
+inductor's loop and `_weight_int8pack_mm` do, is bound by that arithmetic, not by memory: ~13 ms
+on 2 cores. fbgemm rounds the row to 8 bits too (one scale for the row, as llama.cpp rounds
+activations to 8 bits) and multiplies 8 by 8 bits into int32 with VNNI dot products: ~5 ms.
+Only the head goes this way: its input is the final normalized hidden state, whose rounding
+costs ~0.1-0.3% of perplexity, while Gemma's decoder matrices would lose 2-5% (a few outlier
+channels in their inputs take the whole 8-bit range).
+
+Packing a matrix into fbgemm's layout takes ~0.35 s (SmolLM2's head) to ~2.2 s (Gemma's), so it
+is done when the decode step is first compiled, not at every load.
+
+fbgemm's packed matrix is a TorchScript object, which dynamo cannot put in a graph (it would
+break the graph there); the custom op `pellucid::fbgemm_linear` takes a key into a table of them
+instead, so a compiled step calls fbgemm like any other kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+_PACKED: dict[int, torch.ScriptObject] = {}  # key -> fbgemm's packed matrix
+_KEYS = itertools.count()
+
+
+def _has_vnni() -> bool:
+    """Without VNNI, fbgemm multiplies uint8 by int8 in pairs summed into int16, which can
+    saturate unless activations keep to 7 bits (its reduce_range)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+REDUCE_RANGE = not _has_vnni()
+
+
+def prepack(owner: object, weight: Tensor, scales: Tensor) -> int | None:
+    """Pack int8 (out, in) weights with one scale per output row for fbgemm_linear; the key to
+    pass it, or None where fbgemm cannot run (a build without torch's x86 quantized engine).
+    The packed copy lives as long as `owner` does."""
+    if "x86" not in torch.backends.quantized.supported_engines:
+        return None
+    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
+    engine = torch.backends.quantized.engine
+    try:
+        # torch marks its quantized tensors deprecated; pellucid pins torch 2.13, where they work
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.backends.quantized.engine = "x86"
+            q = torch._make_per_channel_quantized_tensor(weight, scales.double(), zeros, 0)
+            packed = torch.ops.quantized.linear_prepack(q, None)
+    except (RuntimeError, AttributeError):  # a torch without these ops: the caller's own path
+        return None
+    finally:
+        torch.backends.quantized.engine = engine
+    key = next(_KEYS)
+    _PACKED[key] = packed
+    weakref.finalize(owner, _PACKED.pop, key, None)
+    return key
+
+
+@torch.library.custom_op("pellucid::fbgemm_linear", mutates_args=())
+def fbgemm_linear(rows: Tensor, key: int, out_features: int) -> Tensor:
+    """rows (M, in), any float dtype -> float32 (M, out): rows @ W.T for the matrix packed under
+    `key`. The rows are rounded to uint8 with one scale for all of them."""
+    return torch.ops.quantized.linear_dynamic(rows.float(), _PACKED[key], REDUCE_RANGE)
+
+
+@fbgemm_linear.register_fake
+def _(rows: Tensor, key: int, out_features: int) -> Tensor:
+    return rows.new_empty(rows.shape[0], out_features, dtype=torch.float32)
