@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pellucid.models.config import ModelConfig
-from pellucid.models.layers import Attention
+from pellucid.models.layers import Attention, embedding
 from pellucid.models.llama import Block, LlamaModel
 
 
@@ -69,7 +69,7 @@ class GPT2Model(LlamaModel):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.embed_positions = nn.Embedding(cfg.context_length, cfg.dim)  # GPT-2's wpe
+        self.embed_positions = embedding(cfg.context_length, cfg.dim)  # GPT-2's wpe
 
     def make_norm(self, cfg: ModelConfig) -> nn.Module:
         return layer_norm(cfg)

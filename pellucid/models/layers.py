@@ -17,6 +17,16 @@ from pellucid.models.paged_attention import (
 from pellucid.models.rope import apply_rope
 
 
+def embedding(rows: int, dim: int) -> nn.Embedding:
+    """nn.Embedding initialized as torch does, N(0, 1), except on the meta device, where a
+    checkpoint fills it later: there torch's normal_ is a Python reference that first imports
+    the compiler, ~1.5 s of every load."""
+    weight = torch.empty(rows, dim)
+    if not weight.is_meta:
+        nn.init.normal_(weight)
+    return nn.Embedding(rows, dim, _weight=weight)
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32 as the reference implementations do."""
 

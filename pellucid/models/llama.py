@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
-from pellucid.models.layers import MLP, Attention, RMSNorm
+from pellucid.models.layers import MLP, Attention, RMSNorm, embedding
 from pellucid.models.rope import rope_cos_sin, rope_for_heads
 
 
@@ -56,7 +56,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
         self.norm = self.make_norm(cfg)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)

@@ -56,7 +56,7 @@ class PackedLinear(nn.Module):
         out_f, in_f = w.shape
         layer = cls(in_f, out_f)
         if bias is not None:
-            layer.bias = bias.detach().bfloat16()
+            layer.bias = bias.detach().to(torch.bfloat16, copy=not bias.is_meta)
         if not w.is_meta:
             layer.pack(w.detach().float())
         return layer
@@ -175,8 +175,17 @@ def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> Pa
 def fused(linears: list[nn.Linear], kind: str | None) -> PackedLinear:
     """One packed layer for projections that read the same input: their rows stacked."""
     biases = [lin.bias for lin in linears]
-    bias = None if biases[0] is None else torch.cat(biases)
-    return packed(torch.cat([lin.weight for lin in linears]), bias, kind)
+    bias = None if biases[0] is None else stacked(biases)
+    return packed(stacked([lin.weight for lin in linears]), bias, kind)
+
+
+def stacked(parts: list[Tensor]) -> Tensor:
+    """torch.cat(parts), or only its shape for a skeleton on the meta device: torch's meta cat is
+    a Python reference that first imports the compiler, ~1.5 s of a warm load."""
+    if parts[0].is_meta:
+        rows = sum(p.shape[0] for p in parts)
+        return torch.empty(rows, *parts[0].shape[1:], dtype=parts[0].dtype, device="meta")
+    return torch.cat(parts)
 
 
 @torch.no_grad()
