@@ -56,7 +56,7 @@ class PackedLinear(nn.Module):
         out_f, in_f = w.shape
         layer = cls(in_f, out_f)
         if bias is not None:
-            layer.bias = bias.detach().to(torch.bfloat16, copy=not bias.is_meta)
+            layer.bias = bias.detach().bfloat16()
         if not w.is_meta:
             layer.pack(w.detach().float())
         return layer
