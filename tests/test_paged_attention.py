@@ -1,6 +1,7 @@
 """Decode attention over the paged KV pool: the compiled form (block by block, then each row's
 blocks merged) equals the eager form (block tables padded to the longest row, gathered, SDPA),
-for rows of different lengths, grouped KV heads, a sliding window and either cache dtype."""
+for rows of different lengths, grouped KV heads, a sliding window and either cache dtype; and
+the explicit causal attention bfloat16 training uses equals SDPA's."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import torch
 
 from pellucid.engine.model_runner import _decode_batch
 from pellucid.models.paged_attention import (
+    CAUSAL_BIAS,
+    attend_causal,
+    attend_causal_explicit,
     decode_attention,
     decode_attention_by_block,
+    keep_causal_bias,
     padded_mask,
 )
 
@@ -35,3 +40,28 @@ def test_compiled_decode_attention_equals_eager(cache_dtype, window, lens):
                                                                       window, 0.25)
     assert compiled.shape == eager.shape == (len(lens), n_heads, head_dim)
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv", [4, 2])  # 2: two query heads share each K/V head
+@pytest.mark.parametrize("stored", [False, True])  # the trainer's stored mask, or one made here
+def test_explicit_causal_attention_equals_sdpa(n_kv, stored):
+    """The form bfloat16 training uses gives SDPA's outputs and gradients (computed in float32)."""
+    torch.manual_seed(0)
+    B, H, T, hd = 3, 4, 10, 8
+    if stored:
+        keep_causal_bias(T, torch.device("cpu"))
+    q = torch.randn(B, H, T, hd, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, n_kv, T, hd, dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
+    grad = torch.randn(B, H, T, hd)
+
+    out = attend_causal_explicit(q, k, v, hd**-0.5)
+    out.float().backward(grad)
+    ours = [out.float(), q.grad.float(), k.grad.float(), v.grad.float()]
+
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = attend_causal(q32, k32, v32, hd**-0.5)
+    ref.backward(grad)
+    assert out.shape == ref.shape == (B, H, T, hd)
+    for got, want in zip(ours, [ref, q32.grad, k32.grad, v32.grad], strict=True):
+        torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)  # bfloat16 inputs and matmuls
+    CAUSAL_BIAS.clear()

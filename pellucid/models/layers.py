@@ -11,6 +11,7 @@ from pellucid.models.context import ForwardContext
 from pellucid.models.paged_attention import (
     attend,
     attend_causal,
+    attend_causal_explicit,
     attention_mask,
     paged_attention,
 )
@@ -101,6 +102,8 @@ class Attention(nn.Module):
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
         """q (B, H, T, hd), k/v (B, Hkv, T, hd), the T tokens in order -> (B, H, T, hd)."""
         if self.window is None:  # positions only grow: the mask is the plain lower triangle
+            if q.dtype == torch.bfloat16 and torch.is_grad_enabled():  # training in bfloat16
+                return attend_causal_explicit(q, k, v, self.scale)
             return attend_causal(q, k, v, self.scale)
         return attend(q, k, v, attention_mask(positions, positions, self.window), self.scale)
 

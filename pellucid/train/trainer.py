@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pellucid.errors import PellucidError
 from pellucid.malloc import keep_freed_memory
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
+from pellucid.models.paged_attention import keep_causal_bias
 from pellucid.train import ddp
 from pellucid.train.checkpoint import load_checkpoint, save_checkpoint
 from pellucid.train.config import TrainConfig
@@ -89,11 +89,11 @@ class Trainer:
         if cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
         self.autocast = AUTOCAST[cfg.dtype]
-        # Measured on CPU at the baby size: the flash kernel's backward is 2.4x slower than the
-        # plain math path in bfloat16 (7.0 vs 2.9 ms per layer) but the faster one in float32.
-        bf16 = self.autocast is not None
-        self.attention_backend = SDPBackend.MATH if bf16 else SDPBackend.FLASH_ATTENTION
+        # bfloat16 training attends through attend_causal_explicit (SDPA's flash backward is slow
+        # in bfloat16 on CPU); its causal mask, stored now, is a constant to the compiled graph.
+        keep_causal_bias(cfg.block_size, torch.device("cpu"))
         self.verbose = verbose and self.dist.is_main
+        self.peak: float | None = None  # measured matmul FLOP/s, for the MFU on the progress bar
         if self.dist.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             # The run folder carries its tokenizer: export keeps working if the data moves.
@@ -107,7 +107,9 @@ class Trainer:
         cfg, last = self.cfg, min(stop_at or self.cfg.max_iters, self.cfg.max_iters)
         progress = TrainProgress(cfg.max_iters, self.step, cfg.log_interval, self.verbose)
         progress.note(self._describe())
-        peak = matmul_peak(self.autocast or torch.float32) if self.verbose else math.nan
+        if self.verbose and self.peak is None:  # once per Trainer: run() may be called in parts
+            self.peak = matmul_peak(self.autocast or torch.float32)
+        peak = self.peak or math.nan
         flops = flops_per_token(self.model_cfg, cfg.block_size)
         step_seconds: list[float] = []
         try:
@@ -176,11 +178,8 @@ class Trainer:
         return x[rows], y[rows]
 
     def loss(self, model: torch.nn.Module, x: Tensor, y: Tensor) -> Tensor:
-        with (
-            torch.autocast(
-                "cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
-            ),
-            sdpa_kernel(self.attention_backend),
+        with torch.autocast(
+            "cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
         ):
             logits = model(x)  # (B, T, V), float32
         return F.cross_entropy(logits.flatten(0, 1), y.flatten())
