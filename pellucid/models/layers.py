@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
 from pellucid.models.paged_attention import (
+    CAUSAL_BIAS,
     attend,
     attend_causal,
     attend_causal_explicit,
@@ -102,8 +103,9 @@ class Attention(nn.Module):
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
         """q (B, H, T, hd), k/v (B, Hkv, T, hd), the T tokens in order -> (B, H, T, hd)."""
         if self.window is None:  # positions only grow: the mask is the plain lower triangle
-            if q.dtype == torch.bfloat16 and torch.is_grad_enabled():  # training in bfloat16
-                return attend_causal_explicit(q, k, v, self.scale)
+            bias = CAUSAL_BIAS.get((q.shape[2], q.device)) if torch.is_grad_enabled() else None
+            if bias is not None:  # the bfloat16 trainer's block size
+                return attend_causal_explicit(q, k, v, self.scale, bias)
             return attend_causal(q, k, v, self.scale)
         return attend(q, k, v, attention_mask(positions, positions, self.window), self.scale)
 

@@ -48,31 +48,28 @@ def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
-# (T, T) additive causal masks, 0 on and below the diagonal and -inf above, by (T, device). The
-# trainer fills in its block size before compiling, so the compiled graph reads a constant.
+# (T, T) additive causal masks (0 on and below the diagonal, -inf above) by (T, device), stored by
+# the bfloat16 trainer for its block size: their presence selects attend_causal_explicit, and the
+# compiled graph reads them as constants.
 CAUSAL_BIAS: dict[tuple[int, torch.device], Tensor] = {}
 
 
-def causal_bias(T: int, device: torch.device) -> Tensor:
-    bias = CAUSAL_BIAS.get((T, device))  # only read here: no side effect for torch.compile to trace
-    return bias if bias is not None else torch.full((T, T), float("-inf"), device=device).triu(1)
-
-
 def keep_causal_bias(T: int, device: torch.device) -> None:
-    CAUSAL_BIAS[(T, device)] = causal_bias(T, device)
+    CAUSAL_BIAS[(T, device)] = torch.full((T, T), float("-inf"), device=device).triu(1)
 
 
-def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor) -> Tensor:
     """attend_causal written out, for training in bfloat16 on CPU: scores (B, Hkv, group, T, T) in
-    float32 plus a constant causal mask, softmax, then the values. SDPA's flash kernel has no fast
-    bfloat16 backward on CPU, and its math path, compiled, rebuilds the causal triangle from indices
-    for every score; adding a stored mask instead cut a compiled forward+backward per layer at the
-    baby size from 2.0 to 1.5 ms (bf16, 12x4x64x32)."""
+    float32 plus the stored (T, T) causal bias, softmax, then the values. SDPA's flash kernel has
+    no fast bfloat16 backward on CPU, and its math path, compiled, rebuilds the causal triangle
+    from indices for every score; adding a stored mask instead cut a compiled forward+backward per
+    layer at the baby size from 2.0 to 1.5 ms (bf16, 12x4x64x32). The scores are materialized,
+    so this suits short blocks: the trainer opts in by storing the bias for its block size."""
     B, H, T, hd = q.shape
     Hkv = k.shape[1]
     q = q.unflatten(1, (Hkv, H // Hkv))  # the query heads that share each K/V head, side by side
     k, v = k[:, :, None], v[:, :, None]  # (B, Hkv, 1, T, hd): broadcast over the group
-    scores = (q @ k.transpose(-1, -2)).float() * scale + causal_bias(T, q.device)
+    scores = (q @ k.transpose(-1, -2)).float() * scale + bias
     return (scores.softmax(-1).to(v.dtype) @ v).view(B, H, T, hd)
 
 

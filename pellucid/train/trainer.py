@@ -89,9 +89,8 @@ class Trainer:
         if cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
         self.autocast = AUTOCAST[cfg.dtype]
-        # bfloat16 training attends through attend_causal_explicit (SDPA's flash backward is slow
-        # in bfloat16 on CPU); its causal mask, stored now, is a constant to the compiled graph.
-        keep_causal_bias(cfg.block_size, torch.device("cpu"))
+        if self.autocast is not None:  # bfloat16: attend through attend_causal_explicit
+            keep_causal_bias(cfg.block_size, torch.device("cpu"))
         self.verbose = verbose and self.dist.is_main
         self.peak: float | None = None  # measured matmul FLOP/s, for the MFU on the progress bar
         if self.dist.is_main:
