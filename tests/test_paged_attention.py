@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from pellucid.engine.model_runner import _decode_batch
+from pellucid.models import layers
+from pellucid.models.layers import Attention
 from pellucid.models.paged_attention import (
     CAUSAL_BIAS,
     attend_causal,
@@ -18,6 +20,7 @@ from pellucid.models.paged_attention import (
     keep_causal_bias,
     padded_mask,
 )
+from pellucid.train.config import TrainConfig
 
 BLOCK = 4
 
@@ -62,3 +65,21 @@ def test_explicit_causal_attention_equals_sdpa(n_kv):
     assert out.shape == ref.shape == (B, H, T, hd)
     for got, want in zip(ours, [ref, q32.grad, k32.grad, v32.grad], strict=True):
         torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)  # bfloat16 inputs and matmuls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grad", [True, False])
+def test_only_bfloat16_training_takes_the_explicit_attention(monkeypatch, dtype, grad):
+    """A stored bias selects the explicit form for bfloat16 training only: float32 training (the
+    benchmark's nanoGPT-recipe peer, in the same process) and inference keep SDPA."""
+    cfg = TrainConfig(data="-", out="-", n_layers=1).model_config(vocab_size=16)
+    attention = Attention(cfg, layer=0)
+    taken = []
+    monkeypatch.setattr(layers, "attend_causal_explicit", lambda *a: taken.append(a) or a[0])
+    keep_causal_bias(8, torch.device("cpu"))
+    q = torch.randn(2, cfg.n_heads, 8, cfg.head_dim, dtype=dtype)
+    k = v = torch.randn(2, cfg.n_kv_heads, 8, cfg.head_dim, dtype=dtype)
+    with torch.set_grad_enabled(grad):
+        attention.attend_within(q, k, v, torch.arange(8))
+    CAUSAL_BIAS.clear()
+    assert len(taken) == (1 if dtype == torch.bfloat16 and grad else 0)

@@ -103,8 +103,9 @@ class Attention(nn.Module):
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
         """q (B, H, T, hd), k/v (B, Hkv, T, hd), the T tokens in order -> (B, H, T, hd)."""
         if self.window is None:  # positions only grow: the mask is the plain lower triangle
-            bias = CAUSAL_BIAS.get((q.shape[2], q.device)) if torch.is_grad_enabled() else None
-            if bias is not None:  # the bfloat16 trainer's block size
+            training_bf16 = torch.is_grad_enabled() and q.dtype == torch.bfloat16
+            bias = CAUSAL_BIAS.get((q.shape[2], q.device)) if training_bf16 else None
+            if bias is not None:  # at the block size the bfloat16 trainer stored
                 return attend_causal_explicit(q, k, v, self.scale, bias)
             return attend_causal(q, k, v, self.scale)
         return attend(q, k, v, attention_mask(positions, positions, self.window), self.scale)
