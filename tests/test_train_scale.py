@@ -9,7 +9,14 @@ import torch
 from test_train import tiny_config, tiny_text
 
 from pellucid.train.data import prepare
-from pellucid.train.scale import ScaleRun, fit_power_law, frontier, report, run_sweep
+from pellucid.train.scale import (
+    ScaleRun,
+    fit_params_law,
+    fit_power_law,
+    frontier,
+    report,
+    run_sweep,
+)
 
 
 def run(name: str, compute: float, loss: float) -> ScaleRun:
@@ -22,6 +29,19 @@ def test_fit_recovers_an_exact_power_law():
     law = fit_power_law(runs)
     assert law.alpha == pytest.approx(0.1) and law.a == pytest.approx(20.0)
     assert law.r2 == pytest.approx(1.0) and "worse" not in law.frontier
+
+
+def test_params_fit_uses_the_largest_budget():
+    def sized(name: str, params: int, tokens: int, loss: float) -> ScaleRun:
+        return ScaleRun(name, 1, 8, params, tokens, 6.0 * params * tokens, loss, 0.0)
+
+    runs = [sized(f"n{n}", n, 4000, 30.0 * n**-0.2) for n in (10**3, 10**4, 10**5)]
+    runs.append(sized("short", 10**5, 1000, 9.0))  # a smaller budget: not in this fit
+    law = fit_params_law(runs)
+    assert law.alpha == pytest.approx(0.2) and law.a == pytest.approx(30.0)
+    assert law.r2 == pytest.approx(1.0) and law.frontier == ["n1000", "n10000", "n100000"]
+    with pytest.raises(ValueError, match="3 sizes"):
+        fit_params_law(runs[1:])
 
 
 def test_frontier_keeps_only_improvements():
@@ -48,5 +68,7 @@ def test_miniature_sweep(tmp_path: Path):
         torch.set_num_threads(threads)
     assert len(runs) == 4 and all(r.val_loss > 0 for r in runs)
     assert runs[1].compute == pytest.approx(2 * runs[0].compute)
-    table = report(runs, fit_power_law(runs + [run("tiny", 1.0, 9.0)]), tmp_path)
-    assert "R² =" in table and (tmp_path / "scale.json").is_file()
+    sizes = runs + [run("tiny", 1.0, 9.0)]
+    sizes = sizes + [ScaleRun("big", 3, 64, 10**6, runs[-1].tokens, 1e12, 1.0, 0.0)]
+    table = report(runs, fit_power_law(sizes), fit_params_law(sizes), tmp_path)
+    assert "N^-" in table and "R² =" in table and (tmp_path / "scale.json").is_file()

@@ -175,8 +175,7 @@ def run_scale(args: argparse.Namespace) -> int:
         iters=tuple(args.iters or scale.ITERS),
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    law = scale.fit_power_law(runs)
-    print(scale.report(runs, law, args.out))
+    print(scale.report(runs, scale.fit_power_law(runs), scale.fit_params_law(runs), args.out))
     print(f"{args.out}/scale.png, {args.out}/scale.json")
     return 0
 
