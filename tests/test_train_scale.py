@@ -28,7 +28,7 @@ def test_fit_recovers_an_exact_power_law():
     runs.append(run("worse", 1e11, 5.0))  # off the frontier: ignored by the fit
     law = fit_power_law(runs)
     assert law.alpha == pytest.approx(0.1) and law.a == pytest.approx(20.0)
-    assert law.r2 == pytest.approx(1.0) and "worse" not in law.frontier
+    assert law.r2 == pytest.approx(1.0) and "worse" not in law.fitted
 
 
 def test_params_fit_uses_the_largest_budget():
@@ -39,7 +39,7 @@ def test_params_fit_uses_the_largest_budget():
     runs.append(sized("short", 10**5, 1000, 9.0))  # a smaller budget: not in this fit
     law = fit_params_law(runs)
     assert law.alpha == pytest.approx(0.2) and law.a == pytest.approx(30.0)
-    assert law.r2 == pytest.approx(1.0) and law.frontier == ["n1000", "n10000", "n100000"]
+    assert law.r2 == pytest.approx(1.0) and law.fitted == ["n1000", "n10000", "n100000"]
     with pytest.raises(ValueError, match="3 sizes"):
         fit_params_law(runs[1:])
 

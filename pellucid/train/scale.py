@@ -42,7 +42,7 @@ class PowerLaw:
     a: float
     alpha: float  # loss = a * x ** -alpha, x the compute C (or the parameters N)
     r2: float  # of log loss against log x, over the runs fitted
-    frontier: list[str]  # names of the runs it was fitted to
+    fitted: list[str]  # names of the runs it was fitted to (for C: the frontier)
 
     def loss_at(self, x: float) -> float:
         return self.a * x**-self.alpha
@@ -141,7 +141,7 @@ def report(runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw, out: Path)
     plot_scaling(runs, law, params_law, out / "scale.png")
     lines = [f"{'run':16s}{'params':>10s}{'tokens':>11s}{'FLOPs':>11s}{'val loss':>10s}  frontier"]
     for r in sorted(runs, key=lambda r: r.compute):
-        mark = "*" if r.name in law.frontier else ""
+        mark = "*" if r.name in law.fitted else ""
         lines.append(
             f"{r.name:16s}{r.params:>10,}{r.tokens:>11,}{r.compute:>11.2e}"
             f"{r.val_loss:>10.4f}  {mark}"
@@ -179,7 +179,7 @@ def plot_scaling(runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw,
         )
     plot_fit(by_c, law, [r.compute for r in runs], "C")
     by_c.set_xlabel("training compute C (FLOPs)")
-    largest = sorted((r for r in runs if r.name in params_law.frontier), key=lambda r: r.params)
+    largest = sorted((r for r in runs if r.name in params_law.fitted), key=lambda r: r.params)
     by_n.plot([r.params for r in largest], [r.val_loss for r in largest], "o",
               label=f"{largest[0].tokens:,} tokens each")
     plot_fit(by_n, params_law, [r.params for r in largest], "N")
