@@ -14,6 +14,9 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one step
     max_num_batched_tokens: int = 512  # tokens in one step: pre-fill chunks + decode rows
     enable_prefix_caching: bool = True
+    # Finished requests' KV kept for prefix reuse, at most (the pool commits RAM as it is first
+    # written, so this bounds how far a long-running server's memory grows past its busiest moment)
+    prefix_cache_bytes: int = 256 << 20
     compile: bool = False  # torch.compile the decode step (engine/compiled_decode.py)
 
     def __post_init__(self) -> None:
@@ -21,5 +24,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.prefix_cache_bytes, int) or self.prefix_cache_bytes < 0:
+            raise ValueError(
+                f"prefix_cache_bytes must be 0 or more, got {self.prefix_cache_bytes!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")

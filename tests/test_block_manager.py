@@ -90,3 +90,54 @@ def test_prefix_caching_off():
     compute(bm, table_a, a)
     _, cached = admit(bm, list(a))
     assert cached == 0
+
+
+def test_blocks_that_cache_nothing_are_reused_before_fresh_ones():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    for _ in range(20):  # prompts too short to fill a block: nothing to cache
+        table, _ = admit(bm, [1, 2, 3])
+        bm.free_table(table)
+    assert bm.num_written == 1
+
+
+def test_cached_prefixes_are_bounded_and_resident_blocks_level_off():
+    bm = BlockManager(num_blocks=64, block_size=4, max_cached=5)
+    for i in range(40):  # every request a new 2-block prefix: each would be cached for good
+        tokens = [1000 + i] * 8 + [7]
+        table, _ = admit(bm, tokens)
+        compute(bm, table, tokens)
+        bm.free_table(table)
+        assert len(bm.cached_free) <= 5
+    # the busiest moment held 3 blocks; past it only the 5 cached ones were ever added
+    assert bm.num_written <= 3 + 5
+    _, cached = admit(bm, [1000 + 39] * 8 + [8])  # the newest prefix is still there
+    assert cached == 8
+    _, cached = admit(bm, [1000] * 8 + [8])  # the oldest was forgotten
+    assert cached == 0
+
+
+def test_a_full_pool_takes_cached_blocks_least_recently_freed_first():
+    bm = BlockManager(num_blocks=3, block_size=4)  # cache bound: the whole pool
+    old, new = [1] * 4 + [9], [2] * 4 + [9]  # one full block each, and one partial
+    for tokens in (old, new):
+        table, _ = admit(bm, tokens)
+        compute(bm, table, tokens)
+        bm.free_table(table)
+    assert len(bm.cached_free) == 2 and len(bm.written) == 1 and not bm.fresh
+    table: list[int] = []
+    assert bm.grow(table, 2 * 4)  # the uncached block, then the oldest cached one
+    _, cached = bm.allocate_prefix(new)
+    assert cached == 4
+    _, cached = bm.allocate_prefix(old)
+    assert cached == 0
+
+
+def test_no_prefix_cache_keeps_nothing():
+    bm = BlockManager(num_blocks=16, block_size=4, max_cached=0)
+    a = list(range(9))
+    table, _ = admit(bm, a)
+    compute(bm, table, a)
+    bm.free_table(table)
+    assert not bm.cached_free and bm.num_free == 16
+    _, cached = admit(bm, list(a))
+    assert cached == 0

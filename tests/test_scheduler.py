@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.outputs import Timings
 from pellucid.engine.scheduler import Scheduler
 from pellucid.engine.sequence import Status
 
@@ -21,6 +22,9 @@ class FakeSeq:
     num_sealed_blocks: int = 0
     block_table: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    arrival: float = 0.0
+    admitted: bool = False
+    timings: Timings = field(default_factory=Timings)
 
     @property
     def num_pending(self) -> int:

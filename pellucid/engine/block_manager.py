@@ -2,10 +2,12 @@
 between sequences whose token prefixes are equal (prefix caching).
 
 A full block is known by a chained hash of its tokens and its predecessor's hash, so equal hashes
-mean equal prefixes. Freed blocks keep their contents and hash; they are reused
-least-recently-freed first, so popular prefixes stay cached as long as memory allows. Freed
-blocks that cache nothing are reused before any of those, so that a pool in lazily committed
-memory (kv_cache.py) holds only the pages its working set needs.
+mean equal prefixes. Freed blocks keep their contents and hash, up to `max_cached` of them: past
+that, the least recently freed one forgets its prefix. The pool lies in lazily committed memory
+(kv_cache.py), so a block costs RAM from its first write on; blocks are taken from those already
+written that cache nothing, then from never-written ones, and only then from the cache. Resident
+KV memory is thus bounded by the busiest moment plus the cache's bound, however many requests
+pass: without that bound, every new prefix took a fresh block until the whole pool was resident.
 Pure bookkeeping: no tensors here.
 """
 
@@ -28,21 +30,37 @@ def block_hash(token_ids: tuple[int, ...], parent: int | None) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        max_cached: int | None = None,
+    ):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, int] = {}  # hash -> block id of a full block
         self.prefix_caching = enable_prefix_caching
+        # How many free blocks may keep a cached prefix (default: all of them)
+        self.max_cached = num_blocks if max_cached is None else max_cached
+        # Free blocks, in the order they are taken:
+        self.written: list[int] = []  # written before, caching nothing: most recently freed first
+        self.fresh: list[int] = list(range(num_blocks - 1, -1, -1))  # never written: pop() = lowest
+        self.cached_free: OrderedDict[int, None] = OrderedDict()  # least recently freed first
         self.queries = self.hits = 0  # prompt tokens looked up / found in the prefix cache
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return len(self.written) + len(self.fresh) + len(self.cached_free)
 
     @property
     def num_used(self) -> int:
-        return len(self.blocks) - len(self.free)
+        return len(self.blocks) - self.num_free
+
+    @property
+    def num_written(self) -> int:
+        """Blocks written at least once: what the pool holds of physical memory."""
+        return len(self.blocks) - len(self.fresh)
 
     def blocks_needed(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -100,22 +118,41 @@ class BlockManager:
         for block_id in reversed(table):
             block = self.blocks[block_id]
             block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None  # most recently freed: reused last ...
-                if block.hash is None:  # ... unless it caches nothing: then reused first, which
-                    self.free.move_to_end(block_id, last=False)  # also keeps few pages touched
+            if block.ref_count > 0:
+                continue
+            if self._holds_prefix(block):
+                self.cached_free[block_id] = None  # most recently freed: forgotten last
+            else:
+                self.written.append(block_id)
         table.clear()
+        while len(self.cached_free) > self.max_cached:
+            block_id, _ = self.cached_free.popitem(last=False)
+            self._forget(self.blocks[block_id])
+            self.written.append(block_id)
+
+    def _holds_prefix(self, block: Block) -> bool:
+        """True if a lookup of its hash finds this block (an equal block may have come first)."""
+        return block.hash is not None and self.cached.get(block.hash) == block.block_id
+
+    def _forget(self, block: Block) -> None:
+        if self._holds_prefix(block):
+            del self.cached[block.hash]
+        block.hash, block.token_ids = None, ()
 
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
-            del self.free[block_id]  # a cached free block comes back into use
+            del self.cached_free[block_id]  # a cached free block comes back into use
         block.ref_count += 1
 
     def _take_free(self) -> int:
-        block_id, _ = self.free.popitem(last=False)  # least recently freed
+        if self.written:
+            block_id = self.written.pop()
+        elif self.fresh:
+            block_id = self.fresh.pop()
+        else:  # the pool is full: the least recently freed prefix makes room
+            block_id, _ = self.cached_free.popitem(last=False)
         block = self.blocks[block_id]
-        if block.hash is not None and self.cached.get(block.hash) == block_id:
-            del self.cached[block.hash]  # its old contents are about to be overwritten
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        self._forget(block)  # its old contents are about to be overwritten
+        block.ref_count = 1
         return block_id

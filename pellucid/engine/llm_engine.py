@@ -44,8 +44,10 @@ class LLMEngine:
             config.max_model_len or cfg.context_length, cfg.context_length,
             self.pool.capacity_tokens,
         )
+        block_bytes = self.pool.bytes_per_token * config.block_size
         self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+                                          config.enable_prefix_caching,
+                                          max_cached=config.prefix_cache_bytes // block_bytes)
         self.scheduler = Scheduler(config, self.block_manager)
         self.model_runner = ModelRunner(model, self.pool, config.compile)
         self.sequences: dict[int, Sequence] = {}
@@ -120,6 +122,15 @@ class LLMEngine:
             seq.finish("abort")
             self._release(seq)
 
+    def abort_queued_longer_than(self, seconds: float) -> list[int]:
+        """Abort the sequences that have waited `seconds` without being run once; their ids."""
+        now = time.perf_counter()
+        expired = [s.request_id for s in self.scheduler.waiting
+                   if not s.admitted and now - s.arrival > seconds]
+        for request_id in expired:
+            self.abort(request_id)
+        return expired
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -130,6 +141,8 @@ class LLMEngine:
             waiting=len(self.scheduler.waiting),
             kv_used_tokens=bm.num_used * bm.block_size,
             kv_capacity_tokens=self.pool.capacity_tokens,
+            kv_cached_tokens=len(bm.cached_free) * bm.block_size,
+            kv_resident_tokens=bm.num_written * bm.block_size,
             prefix_cache_queries=bm.queries,
             prefix_cache_hits=bm.hits,
         )

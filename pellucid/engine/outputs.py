@@ -14,6 +14,7 @@ class Timings:
     """Measured on this run: how long pre-fill took and how fast decoding went."""
 
     prompt_tokens: int = 0
+    queued_s: float = 0.0  # from arrival to the first step that ran it
     prefill_s: float = 0.0  # one parallel forward pass over the whole prompt
     decode_tokens: int = 0  # tokens produced by decode steps (the first comes from pre-fill)
     decode_s: float = 0.0
@@ -64,6 +65,8 @@ class EngineStats:
     waiting: int  # sequences not yet pre-filled
     kv_used_tokens: int  # token slots of the KV cache holding keys/values now
     kv_capacity_tokens: int  # token slots that exist (allocated or in the pool)
+    kv_cached_tokens: int = 0  # slots of free blocks kept for prefix reuse
+    kv_resident_tokens: int = 0  # slots written at least once: what the pool holds in RAM
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, found already cached
 

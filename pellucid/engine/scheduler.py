@@ -8,6 +8,7 @@ free, the newest running sequence is preempted: its blocks are freed and it is r
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -67,6 +68,8 @@ class Scheduler:
             if n == 0:
                 break
             self.waiting.popleft()
+            if not seq.admitted:
+                seq.admitted, seq.timings.queued_s = True, time.perf_counter() - seq.arrival
             seq.status = Status.RUNNING
             self.running.append(seq)
             items.append(self._item(seq, n))

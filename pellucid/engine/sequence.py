@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,8 @@ class Sequence:
         self.output_ids: list[int] = []
         self.params = params
         self.status = Status.WAITING
+        self.arrival = time.perf_counter()
+        self.admitted = False  # set by the scheduler at its first step (preemption keeps it)
         self.finish_reason: str | None = None
         # Stop at EOS / end-of-turn (unless ignored), the caller's stop ids, or a full context.
         eos = set() if params.ignore_eos else tokenizer.eos_ids
