@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="greedy replies under load == alone")
     args = ap.parse_args()
 
-    with pellucid_server(args.model, args.dtype) as url:
+    with pellucid_server(args.model, args.dtype, ["--max-waiting", "1024"]) as (url, _):
         asyncio.run(one_batch(url, args.model, 1, args.max_tokens))  # warm-up
         levels = [measure_level(url, args, c) for c in args.levels]
         check = None
@@ -161,8 +161,11 @@ def client_for(url: str) -> openai.AsyncOpenAI:
 
 
 @contextlib.contextmanager
-def pellucid_server(model: str, dtype: str) -> Iterator[str]:
-    """`pellucid serve` in a child process on a free loopback port; yields its URL."""
+def pellucid_server(
+    model: str, dtype: str, options: list[str]
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`pellucid serve` (with more command-line `options`) in a child process on a free loopback
+    port; yields its URL and the process."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -177,8 +180,7 @@ def pellucid_server(model: str, dtype: str) -> Iterator[str]:
         dtype,
         "--port",
         str(port),
-        "--max-queue",
-        "1024",
+        *options,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -188,7 +190,7 @@ def pellucid_server(model: str, dtype: str) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"`{' '.join(cmd)}` did not become healthy")
             time.sleep(0.5)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:

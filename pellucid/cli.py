@@ -63,8 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
                        "(default: $PELLUCID_API_KEY, else no key)")
     serve.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    serve.add_argument("--max-queue", type=int, default=256,
-                       help="most sequences in flight; more get HTTP 429")
+    add_limit_args(serve)
     serve.set_defaults(run=run_serve)
 
     models = commands.add_parser("models", help="list the models available locally")
@@ -83,6 +82,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step: ~1.8x faster decoding after a compile "
                         "of 20-90 s (15-30 s once cached)")
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """What the server takes on, keeps and waits for (EngineConfig and ServerLimits)."""
+    p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded at once")
+    p.add_argument("--max-waiting", type=int, default=64,
+                   help="sequences queued behind those; more get HTTP 429 with Retry-After "
+                        "(0: refuse as soon as the batch is full, which keeps the time to "
+                        "first token of accepted requests low under overload)")
+    p.add_argument("--max-tokens-in-flight", type=int,
+                   help="prompt + max_tokens summed over the sequences held; more get 429 "
+                        "(default: no bound)")
+    p.add_argument("--queue-timeout", type=float, default=300.0,
+                   help="seconds a request may wait before its first step; then 503 (0: forever)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds that requests in flight get to finish")
+    p.add_argument("--prefix-cache-mib", type=int, default=256,
+                   help="KV of finished requests kept for prompts that share a prefix")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -205,23 +222,32 @@ def run_models(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
-
+    from pellucid.config import EngineConfig
     from pellucid.llm import LLM
     from pellucid.server import create_app
+    from pellucid.server.limits import ServerLimits
+    from pellucid.server.serve import serve
 
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, compile=args.compile)
+    limits = ServerLimits(
+        max_waiting=args.max_waiting,
+        max_tokens_in_flight=args.max_tokens_in_flight,
+        queue_timeout_s=args.queue_timeout or None,
+        shutdown_timeout_s=args.shutdown_timeout,
+    )
+    engine = EngineConfig(max_num_seqs=args.max_num_seqs,
+                          prefix_cache_bytes=args.prefix_cache_mib << 20)
+    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, engine=engine,
+              compile=args.compile)
     if args.compile:
         print("Compiling the decode step (20-90 s the first time, then cached)...", file=sys.stderr)
         llm.warm_up()
     entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
     name = entry.name if entry is not None else llm.path.name
     api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")
-    app = create_app(llm, api_key=api_key, model_name=name, max_queue=args.max_queue)
+    app = create_app(llm, api_key=api_key, model_name=name, limits=limits)
     print(f"Serving {name} at http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr)
-    # Streams still open at Ctrl-C get 10 s to finish; then they are cancelled (and aborted).
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=10)
+    serve(app, args.host, args.port)
     return 0
 
 

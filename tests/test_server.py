@@ -8,6 +8,7 @@ are compared with the same request run alone through `LLM` (holding the engine t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -29,7 +30,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
 from pellucid import LLM, SamplingParams
+from pellucid.config import EngineConfig
 from pellucid.server import create_app
+from pellucid.server.limits import ServerLimits
 
 KEY = "test-key"
 MODEL = "smollm2-135m"
@@ -73,7 +76,7 @@ def serving(app: FastAPI) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def server(smollm2: LLM) -> Iterator[Running]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL, max_queue=64)) as running:
+    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
         yield running
 
 
@@ -88,9 +91,13 @@ def alone(server: Running, llm: LLM, messages: list[dict], max_tokens: int) -> s
         return llm.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens)).text
 
 
-def metric(server: Running, name: str) -> float:
+def metric(server: Running, name: str, label: str = "") -> float:
+    """A value from /metrics; a labelled counter that has never counted reads 0."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    match = re.search(rf"^pellucid:{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    match = re.search(rf"^pellucid:{name}(?:_total)?\{{[^}}]*{label}[^}}]*\}} (\S+)$", text,
+                      re.MULTILINE)
+    if match is None and label:
+        return 0.0
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
 
@@ -339,21 +346,85 @@ def test_malformed_json_is_an_openai_shaped_400(server: Running) -> None:
     assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_full_queue_is_429(server: Running, client: openai.OpenAI) -> None:
-    engine = server.state.engine
-    engine.max_queue = 1
-    headers = {"Authorization": f"Bearer {KEY}"}
-    body = {"model": MODEL, "messages": HELLO, "max_tokens": 200, "stream": True}
+@contextlib.contextmanager
+def limited(server: Running, max_sequences: int | None = None, **limits: object) -> Iterator[None]:
+    """Tighter limits for the duration of a test; the server's own are restored after it."""
+    state = server.state
+    saved = state.limits, state.engine.max_sequences
+    state.limits = state.engine.limits = dataclasses.replace(state.limits, **limits)
+    state.engine.max_sequences = max_sequences or saved[1]
     try:
-        with httpx.stream(
-            "POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
-        ) as held:
-            assert held.status_code == 200
-            with pytest.raises(openai.RateLimitError):
-                client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+        yield
     finally:
-        engine.max_queue = 64
+        state.limits = state.engine.limits = saved[0]
+        state.engine.max_sequences = saved[1]
+
+
+@contextlib.contextmanager
+def held_stream(server: Running, max_tokens: int = 300) -> Iterator[None]:
+    """A streaming request that keeps decoding while the test runs, then is dropped."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream(
+        "POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
+    ) as held:
+        assert held.status_code == 200
+        lines = held.iter_lines()
+        next(lines)  # the role chunk: the request is in flight
+        yield
     wait_until_idle(server)
+
+
+def test_full_queue_is_429_with_retry_after(server: Running, client: openai.OpenAI) -> None:
+    before = metric(server, "request_rejected", 'reason="queue_full"')
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 1}
+    with limited(server, max_sequences=1), held_stream(server):
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 429
+        assert response.headers["Retry-After"] == "1"
+        assert response.json()["error"]["code"] == "rate_limit_exceeded"
+        assert "retry" in response.json()["error"]["message"]
+        assert metric(server, "num_requests_in_flight") == 1
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+    assert metric(server, "request_rejected", 'reason="queue_full"') == before + 2
+    assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1).choices
+
+
+def test_tokens_in_flight_bound_is_429_and_a_request_over_it_alone_is_400(
+    server: Running, client: openai.OpenAI
+) -> None:
+    with limited(server, max_tokens_in_flight=400), held_stream(server, max_tokens=300):
+        assert 300 < metric(server, "num_tokens_in_flight") <= 400  # prompt + max_tokens
+        with pytest.raises(openai.RateLimitError) as e:
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=100)
+        assert "tokens" in e.value.message
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=500)
+        assert e.value.body["param"] == "max_tokens"
+
+
+def test_a_request_not_started_within_the_queue_timeout_is_cancelled(
+    server: Running, client: openai.OpenAI, smollm2: LLM
+) -> None:
+    before = metric(server, "request_rejected", 'reason="queue_timeout"')
+    config = smollm2.engine.config
+    config.max_num_seqs = 1  # the held stream runs; the next request can only wait
+    try:
+        with limited(server, queue_timeout_s=0.5), held_stream(server):
+            start = time.monotonic()
+            with pytest.raises(openai.InternalServerError) as e:
+                client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
+            assert time.monotonic() - start < 10
+            assert e.value.status_code == 503
+            assert e.value.body["code"] == "queue_timeout"
+            assert e.value.response.headers["Retry-After"] == "1"
+            assert metric(server, "num_requests_in_flight") == 1  # the timed-out one is gone
+    finally:
+        config.max_num_seqs = 64
+    assert metric(server, "request_rejected", 'reason="queue_timeout"') == before + 1
 
 
 def test_stopped_engine_is_503_until_restarted(server: Running, client: openai.OpenAI) -> None:
@@ -438,7 +509,8 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error() -> None:
     """schemathesis generates valid and invalid requests from /openapi.json: none may get a 5xx.
     A 48-token context keeps every generation short (a chat prompt alone takes ~35 tokens of it)
     and two sequences at most; the engine thread stops with uvicorn."""
-    app = create_app(LLM(MODEL, max_model_len=48), model_name=MODEL, max_queue=2)
+    llm = LLM(MODEL, max_model_len=48, engine=EngineConfig(max_num_seqs=2))
+    app = create_app(llm, model_name=MODEL, limits=ServerLimits(max_waiting=0))
     with serving(app) as running:
         schema = schemathesis.openapi.from_url(running.url + "/openapi.json")
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

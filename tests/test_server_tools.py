@@ -41,7 +41,7 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 @pytest.fixture(scope="module")
 def server(smollm2: LLM) -> Iterator[Running]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL, max_queue=64)) as running:
+    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
         yield running
 
 

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pellucid.llm import LLM
 from pellucid.server import completions
 from pellucid.server.errors import APIError, bad_request, error_body, install_error_handlers
+from pellucid.server.limits import ServerLimits
 from pellucid.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -35,6 +36,7 @@ from pellucid.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from pellucid.server.shedding import LoadShedding
 from pellucid.server.state import ServerState
 from pellucid.trace import html
 
@@ -44,9 +46,13 @@ ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 429, 503)}
 
 
 def create_app(
-    llm: LLM, *, api_key: str | None = None, model_name: str | None = None, max_queue: int = 256
+    llm: LLM,
+    *,
+    api_key: str | None = None,
+    model_name: str | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
-    state = ServerState(llm, model_name or llm.path.name, api_key or None, max_queue)
+    state = ServerState(llm, model_name or llm.path.name, api_key or None, limits or ServerLimits())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,6 +65,7 @@ def create_app(
     app = FastAPI(title="pellucid", summary="OpenAI-compatible API of pellucid", lifespan=lifespan)
     app.state.pellucid = state
     install_error_handlers(app)
+    app.add_middleware(LoadShedding, state=state)
     app.include_router(_v1_router(state))
     _add_monitoring_routes(app, state)
     return app

@@ -4,6 +4,9 @@
 one thread owns the engine: handlers put adds and aborts on a thread-safe queue, the thread applies
 them between steps and hands every RequestOutput back to the handler's asyncio queue with
 `loop.call_soon_threadsafe`. A handle that is left before its sequences finish aborts them.
+
+Admission (ServerLimits) is decided on the event loop, which knows exactly what it has handed
+over and not yet seen finish: sequences and their tokens (prompt + max_tokens) in flight.
 """
 
 from __future__ import annotations
@@ -21,17 +24,30 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.trace_recorder import Recorder
+from pellucid.server.limits import ServerLimits
 from pellucid.server.metrics import ServerMetrics
 
 log = logging.getLogger("pellucid.server")
 
 
 class QueueFullError(Exception):
-    """More sequences than `max_queue` would be in flight: the client should retry later."""
+    """The server already holds what its limits allow: the client should retry later."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason  # "queue_full" or "tokens_full", for the rejections metric
 
 
 class EngineDeadError(Exception):
     """The engine thread is not running (stopped, or crashed): nothing can be served."""
+
+
+class ShuttingDownError(EngineDeadError):
+    """The server is stopping: it takes nothing new, and cuts off what outlasts its deadline."""
+
+
+class QueueTimeoutError(Exception):
+    """A sequence waited longer than the queue timeout without being run once."""
 
 
 @dataclass(slots=True)
@@ -47,6 +63,14 @@ class _Abort:
     handle: RequestHandle
 
 
+@dataclass(slots=True)
+class _FailAll:
+    error: BaseException
+
+
+Command = _Add | _Abort | _FailAll  # what the event loop sends the engine thread (None: stop)
+
+
 class RequestHandle:
     """The sequences of one HTTP request (n choices, or several prompts), read as one stream.
 
@@ -55,10 +79,12 @@ class RequestHandle:
     aborts whatever has not finished, which frees its KV blocks.
     """
 
-    def __init__(self, engine: AsyncEngine, n: int, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: AsyncEngine, tokens: list[int], loop: asyncio.AbstractEventLoop):
         self.engine, self.loop = engine, loop
         self.queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
-        self.unfinished = set(range(n))  # touched by the event loop only
+        # Touched by the event loop only:
+        self.unfinished = set(range(len(tokens)))
+        self.tokens = tokens  # per choice: prompt + max_tokens, what it may hold of the KV cache
         self.arrival = time.perf_counter()
         self._last_token_at: dict[int, float] = {}
         self._tokens: dict[int, int] = {}
@@ -105,13 +131,15 @@ class RequestHandle:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, max_queue: int = 256):
-        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+    def __init__(self, engine: LLMEngine, metrics: ServerMetrics, limits: ServerLimits):
+        self.engine, self.metrics, self.limits = engine, metrics, limits
+        self.max_sequences = engine.config.max_num_seqs + limits.max_waiting  # in flight, at most
+        self.accepting = True  # False once the server begins to shut down
         self.stats: EngineStats = engine.stats()  # a snapshot the thread refreshes every turn
         # Held while the thread touches the engine: `with lock:` lets a test or tool borrow the
         # engine (e.g. LLM.generate) between server requests without racing the thread.
         self.lock = threading.Lock()
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._owners: dict[int, tuple[RequestHandle, int]] = {}  # engine request id -> handle
         self._handles: set[RequestHandle] = set()  # event loop only: for the in-flight count
         self._thread: threading.Thread | None = None
@@ -137,26 +165,60 @@ class AsyncEngine:
 
     @property
     def in_flight(self) -> int:
+        """Sequences handed to the engine thread and not yet seen finish (running or waiting)."""
+        return sum(len(h.unfinished) for h in self._live())
+
+    @property
+    def tokens_in_flight(self) -> int:
+        return sum(h.tokens[i] for h in self._live() for i in h.unfinished)
+
+    def _live(self) -> set[RequestHandle]:
         self._handles = {h for h in self._handles if h.unfinished}
-        return sum(len(h.unfinished) for h in self._handles)
+        return self._handles
 
     def submit(self, requests: list[tuple[list[int], SamplingParams]]) -> RequestHandle:
         """Queue the sequences of one request; raises QueueFullError or EngineDeadError."""
-        if not self.is_running:
-            raise EngineDeadError("the engine is not running (the server is stopping or crashed)")
-        if self.in_flight + len(requests) > self.max_queue:
-            raise QueueFullError(
-                f"the server already holds {self.in_flight} sequences and takes at most "
-                f"{self.max_queue}: retry in a moment"
-            )
-        handle = RequestHandle(self, len(requests), asyncio.get_running_loop())
+        tokens = [len(ids) + params.max_tokens for ids, params in requests]
+        self.check_room(len(requests), sum(tokens))
+        handle = RequestHandle(self, tokens, asyncio.get_running_loop())
         self._handles.add(handle)
         for index, (ids, params) in enumerate(requests):
             self.put(_Add(handle, index, ids, params))
         return handle
 
-    def put(self, command: _Add | _Abort) -> None:
+    def check_room(self, sequences: int, tokens: int) -> None:
+        """Raise unless the engine runs and `sequences` holding `tokens` fit within the limits."""
+        if not self.accepting:
+            raise ShuttingDownError("the server is shutting down: send the request elsewhere "
+                                    "or retry once it is back")
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running (the server is stopping or crashed)")
+        held = self.in_flight
+        if held + sequences > self.max_sequences:
+            raise QueueFullError(
+                f"the server is busy: it runs {self.engine.config.max_num_seqs} sequences at once "
+                f"and queues {self.limits.max_waiting} more, and holds {held} now: retry shortly",
+                "queue_full",
+            )
+        limit = self.limits.max_tokens_in_flight
+        if limit is not None and held and self.tokens_in_flight + tokens > limit:
+            raise QueueFullError(
+                f"the server is busy: its requests in flight hold {self.tokens_in_flight} "
+                f"tokens (prompt + max_tokens) of at most {limit}, and this one needs {tokens}: "
+                "retry shortly, or lower max_tokens",
+                "tokens_full",
+            )
+
+    def put(self, command: Command) -> None:
         self._commands.put(command)
+
+    def shut_down(self, deadline_s: float) -> None:
+        """Take nothing new; what is still in flight after `deadline_s` ends with an error."""
+        self.accepting = False
+        error = ShuttingDownError(
+            f"the server is shutting down: this request was cut off after {deadline_s:g} s"
+        )
+        asyncio.get_running_loop().call_later(deadline_s, self.put, _FailAll(error))
 
     # --- engine thread -----------------------------------------------------------------------
     def _run(self) -> None:
@@ -171,12 +233,13 @@ class AsyncEngine:
                     self._fail_all(EngineDeadError("the server is shutting down"))
                     self.stats = self.engine.stats()
                     return
+                self._expire_queued()
                 if self.engine.has_unfinished():
                     self._step()
                 busy = self.engine.has_unfinished()
                 self.stats = self.engine.stats()
 
-    def _take_commands(self, block: bool) -> list[_Add | _Abort | None]:
+    def _take_commands(self, block: bool) -> list[Command | None]:
         """Everything queued up to a stop command (None), waiting for one first when idle."""
         commands = []
         try:
@@ -187,7 +250,10 @@ class AsyncEngine:
             pass
         return commands
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: Command) -> None:
+        if isinstance(command, _FailAll):
+            self._fail_all(command.error)
+            return
         handle = command.handle
         if isinstance(command, _Abort):
             for request_id in handle.request_ids.values():
@@ -204,6 +270,21 @@ class AsyncEngine:
         if seq.trace is not None:
             handle.traces[command.index] = seq.trace
         self._owners[seq.request_id] = (handle, command.index)
+
+    def _expire_queued(self) -> None:
+        """Cancel sequences that waited past the queue timeout without a step (blocks freed)."""
+        timeout = self.limits.queue_timeout_s
+        if timeout is None:
+            return
+        for request_id in self.engine.abort_queued_longer_than(timeout):
+            owner = self._owners.pop(request_id, None)
+            if owner is None:  # not a server request (a borrowed engine's)
+                continue
+            handle, index = owner
+            self.metrics.rejected("queue_timeout")
+            error = QueueTimeoutError(f"the request waited {timeout:g} s in the queue without "
+                                      "being started: the server is overloaded, retry later")
+            self._deliver(handle, index, error)
 
     def _step(self) -> None:
         try:

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from pellucid.engine.outputs import RequestOutput
 from pellucid.server import params as P
 from pellucid.server import responses as R
-from pellucid.server.async_engine import EngineDeadError, RequestHandle
+from pellucid.server.async_engine import RequestHandle
 from pellucid.server.errors import APIError, error_body
 from pellucid.server.protocol import (
     ChatChoice,
@@ -70,7 +70,7 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
         return HandleStream(
             _chat_events(state, body, handle, rid, created, prompt), handle
         )
-    finals = await _gather(handle, request)
+    finals = await _gather(state, handle, request)
     if finals is None:
         return Response(status_code=499)  # the client closed the request: nobody reads this
     tok = state.llm.tokenizer
@@ -153,7 +153,7 @@ async def _chat_events(
                     reason = "tool_calls"
                 yield chunk(index, Delta(), finish_reason=reason)
     except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
-        yield R.sse(error_body(f"generation failed: {e}", "server_error"))
+        yield _error_event(state, e)
     else:
         wants_usage = body.stream_options is not None and body.stream_options.include_usage
         usage = R.usage(len(prompt.ids), used) if wants_usage else None
@@ -175,7 +175,7 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
     choice_prompts = [p for p in prompts for _ in range(body.n)]  # choice index -> its prompt
     if body.stream:
         return HandleStream(_text_events(state, body, handle, rid, created, choice_prompts), handle)
-    finals = await _gather(handle, request)
+    finals = await _gather(state, handle, request)
     if finals is None:
         return Response(status_code=499)
     choices = []
@@ -240,7 +240,7 @@ async def _text_events(
             if out.delta or lp or out.finished:
                 yield chunk(index, out.delta, lp, R.finish_reason(out))
     except Exception as e:  # noqa: BLE001 - headers are sent: report it in the stream
-        yield R.sse(error_body(f"generation failed: {e}", "server_error"))
+        yield _error_event(state, e)
     else:
         usage = None
         if body.stream_options is not None and body.stream_options.include_usage:
@@ -252,8 +252,18 @@ async def _text_events(
     yield R.SSE_DONE
 
 
+def _error_event(state: ServerState, e: Exception) -> str:
+    """The event that ends a stream whose headers are sent: a cut-off, a timeout, a failure."""
+    refusal = state.error_for(e)
+    if refusal is None:
+        return R.sse(error_body(f"generation failed: {e}", "server_error"))
+    return R.sse(error_body(refusal.message, "server_error", code=refusal.code))
+
+
 # --- whole answers -------------------------------------------------------------------------
-async def _gather(handle: RequestHandle, request: Request) -> dict[int, RequestOutput] | None:
+async def _gather(
+    state: ServerState, handle: RequestHandle, request: Request
+) -> dict[int, RequestOutput] | None:
     """Each choice's final output with all its logprobs; None if the client went away first."""
     collect = asyncio.create_task(_collect(handle))
     gone = asyncio.create_task(_disconnected(request))
@@ -267,10 +277,13 @@ async def _gather(handle: RequestHandle, request: Request) -> dict[int, RequestO
         return None
     try:
         return collect.result()
-    except EngineDeadError as e:
-        raise APIError(503, str(e), kind="server_error", code="engine_unavailable") from e
     except ValueError as e:  # the engine refused what the checks let through (PromptError too)
         raise APIError(400, str(e)) from e
+    except Exception as e:  # a timeout in the queue, a shutdown, a stopped engine: 503
+        refusal = state.error_for(e)
+        if refusal is None:
+            raise
+        raise refusal from e
 
 
 async def _collect(handle: RequestHandle) -> dict[int, RequestOutput]:

@@ -26,6 +26,7 @@ class APIError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.code = (
@@ -35,9 +36,13 @@ class APIError(Exception):
             param,
             code,
         )
+        self.retry_after = retry_after  # seconds; sent as Retry-After, which clients honour
 
     def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.kind, self.param, self.code)
+        response = error_response(self.status, self.message, self.kind, self.param, self.code)
+        if self.retry_after is not None:
+            response.headers["Retry-After"] = str(self.retry_after)
+        return response
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:

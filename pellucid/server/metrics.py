@@ -1,15 +1,17 @@
 """ServerMetrics: what GET /metrics shows, in Prometheus' text format (names after vLLM's).
 
 Engine gauges (running / waiting requests, KV cache use, prefix-cache hit rate) are read from the
-engine thread's latest `EngineStats` snapshot at scrape time; request histograms (time to first
-token, inter-token latency, end-to-end) and token counters are fed by the request handlers.
+engine thread's latest `EngineStats` snapshot at scrape time, the server's load (sequences and
+tokens in flight) from the event loop's count; request histograms (queue time, time to first
+token, inter-token latency, end-to-end) and token counters are fed by the request handlers, and
+refusals (429 / 503: queue full, tokens full, queue timeout, shutting down) are counted by reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -19,6 +21,7 @@ PREFIX = "pellucid:"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
 
 
 class ServerMetrics:
@@ -66,7 +69,32 @@ class ServerMetrics:
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds",
+            "Time from arrival to the first step that ran the sequence.",
+            ["model_name"],
+            buckets=QUEUE_BUCKETS,
+            registry=self.registry,
+        ).labels(**labels)
+        self.rejections = Counter(
+            PREFIX + "request_rejected",
+            "Requests refused (429/503) or cancelled before they ran, by reason.",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
         self.model_name = model_name
+
+    def watch_load(self, sequences: Callable[[], int], tokens: Callable[[], int]) -> None:
+        """Gauges of the server's load, read when /metrics is scraped (on the event loop)."""
+        for name, doc, read in (
+            ("num_requests_in_flight", "Sequences accepted and not finished.", sequences),
+            ("num_tokens_in_flight", "Prompt + max_tokens of the sequences in flight.", tokens),
+        ):
+            gauge = Gauge(PREFIX + name, doc, ["model_name"], registry=self.registry)
+            gauge.labels(model_name=self.model_name).set_function(read)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(model_name=self.model_name, reason=reason).inc()
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -77,6 +105,7 @@ class ServerMetrics:
 
     def finished(self, out: RequestOutput, seconds: float) -> None:
         self.e2e.observe(seconds)
+        self.queue_time.observe(out.timings.queued_s)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(len(out.token_ids))
         reason = out.finish_reason or "unknown"
@@ -105,6 +134,16 @@ class _EngineCollector(Collector):
                 s.kv_used_tokens,
             ),
             ("kv_cache_capacity_tokens", "KV cache token slots that exist.", s.kv_capacity_tokens),
+            (
+                "kv_cache_cached_tokens",
+                "KV cache token slots of finished requests kept for prefix reuse.",
+                s.kv_cached_tokens,
+            ),
+            (
+                "kv_cache_resident_tokens",
+                "KV cache token slots written at least once (held in RAM).",
+                s.kv_resident_tokens,
+            ),
             (
                 "prefix_cache_hit_rate",
                 "Prompt tokens found in the prefix cache / looked up.",
