@@ -32,7 +32,7 @@ from common import hf_peer, peak_rss_mib, repeat, save, summarize
 
 from pellucid import LLM, SamplingParams, catalog
 from pellucid.config import EngineConfig
-from pellucid.weights.loader import load_int4, read_checkpoint
+from pellucid.loading.loader import load_int4, read_checkpoint
 
 
 def main() -> None:

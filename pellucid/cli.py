@@ -115,7 +115,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_params(args: argparse.Namespace):
-    from pellucid.engine.sampling_params import SamplingParams
+    from pellucid.engine import SamplingParams
 
     return SamplingParams(
         max_tokens=args.max_tokens,

@@ -8,8 +8,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,12 @@ from torch import Tensor
 from pellucid import catalog
 from pellucid.config import EngineConfig
 from pellucid.engine.llm_engine import LLMEngine
-from pellucid.engine.outputs import RequestOutput
+from pellucid.engine.outputs import RequestOutput, TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.errors import PromptError
+from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
 from pellucid.structured import parse_tool_calls, prepare_chat
 from pellucid.tokenizer import Tokenizer
-from pellucid.weights.loader import build_from_state, load_int4, read_checkpoint
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -101,12 +102,12 @@ class LLM:
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; "
                              "give one, or one per prompt")
         seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, params)]
-        finals: dict[int, RequestOutput] = {}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    finals[out.request_id] = out
+        finals = _finals(self._steps())
         return [finals[s.request_id] for s in seqs]
+
+    def _steps(self) -> Iterator[RequestOutput]:
+        while self.engine.has_unfinished():
+            yield from self.engine.step()
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield one RequestOutput per generated token; `.delta` is the new text."""
@@ -116,8 +117,8 @@ class LLM:
              **tool_options: Any) -> RequestOutput:
         """Answer a conversation. With `tools=[...]` (OpenAI's format) the reply's calls are
         parsed into `.tool_calls`; see `chat_stream` for the options."""
-        *_, last = self.chat_stream(messages, params, **tool_options)
-        return last
+        (final,) = _finals(self.chat_stream(messages, params, **tool_options)).values()
+        return final
 
     def chat_stream(
         self,
@@ -135,7 +136,10 @@ class LLM:
         chat = prepare_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice,
                             parallel_tool_calls=parallel_tool_calls,
                             response_format=response_format)
-        params = chat.constrain(params or SamplingParams())
+        params = params or SamplingParams()
+        if chat.grammar is not None:
+            params = dataclasses.replace(params, grammar=chat.grammar,
+                                         grammar_close_margin=chat.close_margin)
         for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls
@@ -169,6 +173,21 @@ class LLM:
         """Per-position logits (T, vocab) of one forward pass; row i predicts token i + 1."""
         self.engine.check_prompt(token_ids[:-1] or token_ids)
         return self.model(torch.tensor([token_ids]))[0]
+
+
+def _finals(outputs: Iterable[RequestOutput]) -> dict[int, RequestOutput]:
+    """Each request's finished output, holding the logprobs of all its tokens (every output
+    carries only those of its new ones)."""
+    finals: dict[int, RequestOutput] = {}
+    logprobs: dict[int, list[TokenLogprob]] = {}
+    for out in outputs:
+        if out.logprobs is not None:
+            logprobs.setdefault(out.request_id, []).extend(out.logprobs)
+        if out.finished:
+            if out.logprobs is not None:
+                out.logprobs = logprobs.pop(out.request_id)
+            finals[out.request_id] = out
+    return finals
 
 
 def _as_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from pellucid.loading.loader import build_from_state, read_checkpoint
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
 from pellucid.train.data import prepare
-from pellucid.train.export import export_checkpoint, export_hf
+from pellucid.train.export import export_checkpoint
+from pellucid.train.hf_export import export_hf
 from pellucid.train.init import init_weights
 from pellucid.train.trainer import Trainer
-from pellucid.weights.loader import build_from_state, read_checkpoint
 from tests.test_train import tiny_config, tiny_text
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from pellucid import LLM
+from pellucid.loading.loader import read_checkpoint
 from pellucid.models import fbgemm
 from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, packed
 from pellucid.weights import cache as weight_cache
-from pellucid.weights.loader import read_checkpoint
 
 with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Zen of Python
     import this
@@ -188,7 +188,7 @@ def test_packed_weights_are_cached_and_loaded_without_the_float_model(tmp_path, 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a warm int4 load must not read the float32 checkpoint")
 
-    monkeypatch.setattr("pellucid.weights.loader.read_checkpoint", refuse)
+    monkeypatch.setattr("pellucid.loading.loader.read_checkpoint", refuse)
     second = LLM(gguf, dtype="int4")
     ids = first.encode("The capital of France is")
     assert torch.equal(first.logits(ids), second.logits(ids))

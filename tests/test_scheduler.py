@@ -39,7 +39,7 @@ def make(num_blocks=64, block_size=4, budget=32, max_seqs=8) -> Scheduler:
 def step(s: Scheduler, sampled_token: int = 7):
     """schedule -> (pretend the model ran) -> postprocess -> append a token to sampling seqs."""
     batch = s.schedule()
-    s.postprocess(batch)
+    s.postprocess(batch, seconds=0.0)
     for seq in batch.sampling:
         seq.token_ids.append(sampled_token)
         seq.output_ids.append(sampled_token)

@@ -12,7 +12,7 @@ from test_train import tiny_config, tiny_text
 
 from pellucid import LLM, SamplingParams
 from pellucid.train.data import prepare
-from pellucid.train.export import export_hf
+from pellucid.train.hf_export import export_hf
 from pellucid.train.lora import LoRALinear, add_lora, merge_lora
 from pellucid.train.sft import IGNORE, SFTConfig, encode_chat, fine_tune
 from pellucid.train.trainer import Trainer

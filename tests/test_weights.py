@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pellucid.errors import ModelLoadError
-from pellucid.models.config import config_from_gguf
+from pellucid.loading.config import config_from_gguf
+from pellucid.loading.loader import build_from_state, read_checkpoint
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
-from pellucid.weights.loader import build_from_state, read_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,7 +98,7 @@ def test_second_load_comes_from_the_cache(tmp_path, smollm2_path, monkeypatch):
     first = read_checkpoint(gguf)
     assert (weight_cache.entry_dir(gguf) / "model.safetensors").is_file()
     # A hit must not open the GGUF at all
-    monkeypatch.setattr("pellucid.weights.loader.GGUFFile", _refuse)
+    monkeypatch.setattr("pellucid.loading.loader.GGUFFile", _refuse)
     second = read_checkpoint(gguf)
     assert second.config == first.config and second.gguf_metadata == first.gguf_metadata
     assert second.state.keys() == first.state.keys()

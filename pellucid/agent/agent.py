@@ -20,7 +20,7 @@ from pellucid.agent.examples import example_messages
 from pellucid.agent.grounding import grounded
 from pellucid.agent.records import AgentRun, ModelTurn, ToolRun
 from pellucid.agent.tools import Tool, ToolError
-from pellucid.engine.sampling_params import SamplingParams
+from pellucid.engine import SamplingParams
 from pellucid.llm import LLM
 from pellucid.structured import ToolCall
 

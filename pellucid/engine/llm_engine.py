@@ -1,9 +1,9 @@
 """LLMEngine: accepts requests and advances all of them together, one `step()` at a time.
 
-    batch = scheduler.schedule()      # who runs: pre-fill chunks and decode rows, KV blocks
-    tokens = model_runner.run(batch)  # one forward pass for all of them, then sampling
-    scheduler.postprocess(batch)      # computed tokens, prefix-cache sharing
-    ...append tokens, stop checks     # text deltas, finished sequences free their blocks
+    batch = scheduler.schedule()               # who runs: pre-fill chunks and decode rows
+    result = model_runner.run(batch)           # one forward pass for all of them, then sampling
+    scheduler.postprocess(batch, seconds)      # computed tokens, prefix-cache sharing, time
+    seq.append(token) -> RequestOutput         # stop checks, text deltas; finished ones free blocks
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from pellucid.engine.block_manager import BlockManager
 from pellucid.engine.grammar import GrammarCompiler
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.model_runner import ModelRunner
-from pellucid.engine.outputs import EngineStats, RequestOutput
+from pellucid.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
-from pellucid.engine.scheduler import Batch, Scheduler
+from pellucid.engine.scheduler import Scheduler
 from pellucid.engine.sequence import Sequence
+from pellucid.engine.trace_hooks import end_step
 from pellucid.engine.trace_recorder import Recorder
 from pellucid.errors import PromptError
 from pellucid.models.llama import LlamaModel
@@ -86,31 +87,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Advance every scheduled sequence; one output per sequence that got a new token."""
         batch = self.scheduler.schedule()
-        start = time.perf_counter()
-        token_ids = self.model_runner.run(batch)
-        elapsed = time.perf_counter() - start
-        self._count_time(batch, elapsed)
-        self.scheduler.postprocess(batch)
-        for it in batch.items:
-            if it.seq.trace is not None:
-                it.seq.trace.end_step(it, elapsed, batch, self.pool)
-        outputs = []
-        for seq, token_id in zip(batch.sampling, token_ids):
-            delta = seq.append(token_id)
-            if seq.is_finished:
-                self._release(seq)
-            outputs.append(seq.output(delta))
-        return outputs
+        result = self.model_runner.run(batch)
+        self.scheduler.postprocess(batch, result.seconds)
+        end_step(batch, result.seconds)  # traced requests note the step
+        sampled = zip(batch.sampling, result.token_ids, result.logprobs, strict=True)
+        return [self._append(seq, token_id, logprob) for seq, token_id, logprob in sampled]
 
-    def _count_time(self, batch: Batch, elapsed: float) -> None:
-        """Charge the step to each sequence: pre-fill until its first token, decode after."""
-        for it in batch.items:
-            t = it.seq.timings
-            if it.seq.output_ids and it.n_tokens == 1:
-                t.decode_s += elapsed
-                t.decode_tokens += 1
-            else:
-                t.prefill_s += elapsed
+    def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
+        """The sampled token joins its sequence; a finished sequence frees its blocks."""
+        delta = seq.append(token_id)
+        if seq.is_finished:
+            self._release(seq)
+        return seq.output(delta, logprob)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -2,10 +2,14 @@
 
 All tokens of the step are flattened into one row: pre-fill chunks contribute many tokens each
 (processed in parallel), decoding sequences one token each. Only the last position of each
-sequence that is due a new token goes through the LM head.
+sequence that is due a new token goes through the LM head. The runner reads the sequences and
+changes none of them: what it sampled comes back as a `StepResult`.
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -15,9 +19,18 @@ from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
 from pellucid.engine.scheduler import Batch
-from pellucid.engine.trace_recorder import after_forward, before_forward, traced_items
+from pellucid.engine.trace_hooks import after_forward, before_forward, traced_items
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one step sampled, in the order of `batch.sampling`."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]  # None where the request did not ask for logprobs
+    seconds: float  # the step's forward pass and sampling
 
 
 class ModelRunner:
@@ -27,33 +40,36 @@ class ModelRunner:
         self.compiled_decode = CompiledDecode(model) if compile else None
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> list[int]:
-        """One forward pass over the batch; returns a token for each of `batch.sampling`."""
+    def run(self, batch: Batch) -> StepResult:
+        """One forward pass over the batch, then a token for each of `batch.sampling`."""
+        start = time.perf_counter()
         ids, positions, ctx, last_rows = self.prepare(batch)
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
-        logits, token_ids = None, []
-        if self.compiled_decode is not None and not ctx.prefills and not traced:
-            # every row decodes one token: the whole step, LM head included, is one graph
-            logits = self.compiled_decode(ids[None], positions, ctx)  # (N, vocab)
-            if len(last_rows) < len(ids):
-                logits = logits[last_rows]
-        else:
-            hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
-            if last_rows:
-                logits = self.model.compute_logits(hidden[last_rows])  # (B, vocab)
-        if logits is not None and last_rows:
+        logits = self.logits(ids, positions, ctx, last_rows, whole_graph=not traced)
+        token_ids: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        if logits is not None:
             seqs = batch.sampling
             out = sample(logits, [s.sampler_state for s in seqs])
             token_ids = out.token_ids.tolist()
-            for row, seq in enumerate(seqs):
-                if seq.logprobs is not None:
-                    seq.logprobs.append(
-                        _token_logprob(out, row, token_ids[row], seq.params.logprobs))
+            logprobs = [None if s.params.logprobs is None else
+                        _token_logprob(out, row, token_ids[row], s.params.logprobs)
+                        for row, s in enumerate(seqs)]
         if traced:
             after_forward(ctx, traced, logits, token_ids)
-        return token_ids
+        return StepResult(token_ids, logprobs, time.perf_counter() - start)
+
+    def logits(self, ids: Tensor, positions: Tensor, ctx: ForwardContext, last_rows: list[int],
+               whole_graph: bool) -> Tensor | None:
+        """Logits (B, vocab) of the rows that sample; None when none does (pre-fill chunks)."""
+        if self.compiled_decode is not None and not ctx.prefills and whole_graph:
+            # every row decodes one token: the whole step, LM head included, is one graph
+            logits = self.compiled_decode(ids[None], positions, ctx)  # (N, vocab)
+            return logits[last_rows] if len(last_rows) < len(ids) else logits
+        hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
+        return self.model.compute_logits(hidden[last_rows]) if last_rows else None
 
     def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:
         bs = self.pool.block_size

@@ -52,6 +52,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" (EOS, stop token or string) | "length" | "abort"
     timings: Timings
+    # of the tokens new in this output (LLM.generate and LLM.chat gather all of them)
     logprobs: list[TokenLogprob] | None = field(default=None)
     forced: list[bool] | None = None  # with a grammar: token i was the only one it allowed
     tool_calls: list[ToolCall] = field(default_factory=list)  # filled by LLM.chat(tools=...)

@@ -33,6 +33,15 @@ class TraceOptions:
             _require(values is None or all(_is_int(v) and v >= 0 for v in values),
                      f"trace {name} must be a list of integers >= 0, got {values!r}")
 
+    def check(self, n_layers: int, n_heads: int) -> None:
+        """Raise ValueError if a layer or head asked for does not exist in the model."""
+        bad = [layer for layer in self.attention_layers if layer >= n_layers]
+        _require(not bad, f"trace attention_layers {bad} do not exist: the model has layers "
+                          f"0..{n_layers - 1}")
+        bad = [h for h in self.attention_heads or [] if h >= n_heads]
+        _require(not bad, f"trace attention_heads {bad} do not exist: the model has heads "
+                          f"0..{n_heads - 1}")
+
 # vLLM's rule: below this temperature a row is decoded greedily. Dividing logits by a smaller
 # number risks float32 overflow, and the distribution is an argmax in all but name anyway.
 GREEDY_TEMPERATURE = 1e-5

@@ -110,10 +110,16 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def postprocess(self, batch: Batch) -> None:
-        """After the model ran: count the computed tokens and share newly full blocks."""
+    def postprocess(self, batch: Batch, seconds: float) -> None:
+        """After the model ran: count the computed tokens, share newly full blocks, and charge
+        the step's time to each sequence (pre-fill until its first token, decode after)."""
         for it in batch.items:
             seq = it.seq
+            if seq.output_ids and it.n_tokens == 1:
+                seq.timings.decode_s += seconds
+                seq.timings.decode_tokens += 1
+            else:
+                seq.timings.prefill_s += seconds
             seq.num_computed += it.n_tokens
             seq.num_sealed_blocks = self.block_manager.seal_full_blocks(
                 seq.block_table, seq.token_ids, seq.num_sealed_blocks, seq.num_computed

@@ -53,7 +53,6 @@ class Sequence:
         self.num_sealed_blocks = 0  # full blocks registered for prefix sharing
         self.sampler_state = SamplerState(params, prompt_ids, vocab_size)
         self.timings = Timings(prompt_tokens=len(prompt_ids))
-        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.trace: Recorder | None = None  # set by the engine when the request asks for one
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringFilter(params.stop)
@@ -94,7 +93,8 @@ class Sequence:
             self.trace.finish(self.text, reason)
         return tail
 
-    def output(self, delta: str) -> RequestOutput:
+    def output(self, delta: str, logprob: TokenLogprob | None = None) -> RequestOutput:
+        """What this step added (`delta`, the new token's `logprob`), with the whole so far."""
         return RequestOutput(
             request_id=self.request_id,
             prompt_token_ids=self.prompt_ids,
@@ -104,6 +104,6 @@ class Sequence:
             finished=self.is_finished,
             finish_reason=self.finish_reason,
             timings=self.timings,
-            logprobs=self.logprobs,
+            logprobs=None if self.params.logprobs is None else [logprob] if logprob else [],
             forced=list(self.sampler_state.forced) if self.params.grammar is not None else None,
         )

@@ -1,16 +1,12 @@
-"""Recorder: fills one traced request's `Trace` from the engine's hooks.
-
-    ModelRunner.run:   traced = traced_items(batch)        # [] when nobody asked: nothing else runs
-                       before_forward(ctx, traced)          # ask attention / hidden-state capture
-                       after_forward(ctx, traced, logits, token_ids)   # keep a few tensors
-    LLMEngine.step:    seq.trace.end_step(item, seconds, batch, pool)  # timings, KV use
-    seq.trace.trace    # the records; stages, logit lens and attention lists are worked out here
+"""Recorder: fills one traced request's `Trace` from what the engine's hooks (trace_hooks.py)
+hand it: tensors kept during a forward pass (`keep_token`, `keep_attention`) and the facts of each
+step (`end_step`). `recorder.trace` gives the records; stages, logit lens and attention lists are
+worked out when it is read.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -19,7 +15,6 @@ from torch import Tensor
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.sampler import SamplerState, sampling_stages
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
-from pellucid.engine.scheduler import Batch, ScheduledSeq
 from pellucid.engine.trace_records import (
     AttentionMap,
     Candidate,
@@ -34,9 +29,25 @@ from pellucid.engine.trace_records import (
     Tokenization,
     Trace,
 )
-from pellucid.models.context import ForwardContext
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class StepFacts:
+    """What one step did for a traced sequence, and the batch it ran in."""
+
+    start: int  # the sequence's first position computed in this step
+    n_tokens: int  # positions computed in this step
+    samples: bool  # a token was sampled for it
+    prefilling: bool  # its prompt is still being pre-filled
+    cached_tokens: int  # of its prompt, found in the prefix cache
+    computed: int  # its positions in the KV cache after the step
+    blocks: int  # KV blocks it holds
+    batch_rows: int  # sequences in the step
+    batch_tokens: int  # positions computed in the step, all sequences together
+    batch_kv_tokens: int  # K/V positions the step read and wrote
+    seconds: float  # the step's forward pass and sampling
 
 
 @dataclass(slots=True)
@@ -59,7 +70,7 @@ class Recorder:
     def __init__(self, options: TraceOptions, params: SamplingParams, prompt_ids: list[int],
                  tokenizer: Tokenizer, model: LlamaModel, pool: KVCachePool, name: str = ""):
         cfg = model.cfg
-        check_trace_options(options, cfg.n_layers, cfg.n_heads)
+        options.check(cfg.n_layers, cfg.n_heads)
         self.options, self.tokenizer, self.model = options, tokenizer, model
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
@@ -80,7 +91,7 @@ class Recorder:
         self._pending: tuple[int, _Raw] | None = None  # this step's token, until end_step
         self._raw: dict[int, _Raw] = {}  # step index -> its tensors, until read
         self._attention: list[tuple[int, int, Tensor]] = []  # (layer, first position, probs)
-        self._capture_s = 0.0  # recording time inside this step's forward, to leave out of it
+        self.capture_s = 0.0  # recording time inside this step's forward, to leave out of it
 
     @property
     def trace(self) -> Trace:
@@ -94,26 +105,24 @@ class Recorder:
         return self._trace
 
     # --- hooks ----------------------------------------------------------------------------
-    def end_step(self, it: ScheduledSeq, seconds: float, batch: Batch, pool: KVCachePool) -> None:
+    def end_step(self, step: StepFacts) -> None:
         """After a step's forward (before its token is appended): charge the time, note KV use."""
-        seq, trace = it.seq, self._trace
-        seconds = max(seconds - self._capture_s, 0.0)
-        start = seq.num_computed - it.n_tokens  # the scheduler has counted this step already
-        if not seq.output_ids:  # still pre-filling (a preempted sequence recomputes as decode)
+        trace = self._trace
+        seconds = max(step.seconds - self.capture_s, 0.0)
+        if step.prefilling:  # (a preempted sequence recomputes as decode)
             if not trace.prefill.chunks:
-                trace.prefill.cached_tokens = seq.num_cached
-            batch_tokens = sum(i.n_tokens for i in batch.items)
-            trace.prefill.chunks.append(PrefillChunk(start, it.n_tokens, seconds, batch_tokens))
-        if it.samples and self._pending is not None:
+                trace.prefill.cached_tokens = step.cached_tokens
+            trace.prefill.chunks.append(
+                PrefillChunk(step.start, step.n_tokens, seconds, step.batch_tokens))
+        if step.samples and self._pending is not None:
             token_id, raw = self._pending
-            moved = trace.model.weight_bytes + pool.bytes_per_token * sum(
-                i.seq.num_computed + i.n_tokens for i in batch.items)  # K/V read + written
+            moved = trace.model.weight_bytes + trace.kv.bytes_per_token * step.batch_kv_tokens
             token = Candidate(token_id, self.tokenizer.id_to_piece(token_id), 0.0)
             trace.steps.append(Step(len(trace.steps), token, 0.0, [], [], seconds,
-                                    len(batch.items), seq.num_computed, len(seq.block_table),
-                                    moved, self._capture_s))
+                                    step.batch_rows, step.computed, step.blocks, moved,
+                                    self.capture_s))
             self._raw[len(trace.steps) - 1] = raw
-        self._pending, self._capture_s = None, 0.0
+        self._pending, self.capture_s = None, 0.0
 
     def finish(self, text: str, reason: str | None) -> None:
         self._trace.output_text, self._trace.finish_reason = text, reason
@@ -163,77 +172,6 @@ class Recorder:
                 for i, p in zip(ids.tolist(), probs.tolist()) if p > 0]
 
 
-# --- the ModelRunner's side -----------------------------------------------------------------
-@dataclass(slots=True)
-class TracedItem:
-    item: ScheduledSeq
-    first_row: int  # its first token among the step's flattened tokens
-    prefill_index: int | None  # its slice in ctx.prefills, or None: it is a decode row
-    decode_index: int | None  # its row in ctx.decode
-    sample_row: int | None  # its row among the sampled logits, if it samples
-
-
-def traced_items(batch: Batch) -> list[TracedItem]:
-    """Where each traced sequence sits in this step's inputs; [] (at once) when none is traced."""
-    if all(it.seq.trace is None for it in batch.items):
-        return []
-    found, row, n_prefill, n_decode, n_sample = [], 0, 0, 0, 0
-    for it in batch.items:  # the same walk as ModelRunner.prepare
-        is_decode = it.n_tokens == 1
-        if it.seq.trace is not None:
-            found.append(TracedItem(it, row, None if is_decode else n_prefill,
-                                    n_decode if is_decode else None,
-                                    n_sample if it.samples else None))
-        row += it.n_tokens
-        n_decode, n_prefill = n_decode + is_decode, n_prefill + (not is_decode)
-        n_sample += it.samples
-    return found
-
-
-def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
-    """Ask the model to keep attention probabilities and per-layer hidden states as needed."""
-    for t in traced:
-        ctx.capture_attention.update(t.item.seq.trace.options.attention_layers)
-    rows = [t.first_row + t.item.n_tokens - 1 for t in traced
-            if t.item.samples and t.item.seq.trace.options.logit_lens]
-    if rows:
-        ctx.capture_hidden_rows = torch.tensor(rows)
-
-
-def after_forward(ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None,
-                  token_ids: list[int]) -> None:
-    """Hand each traced sequence what this forward showed about it; time it, to leave it out."""
-    start = time.perf_counter()
-    lens_row = 0
-    for t in traced:
-        seq, rec = t.item.seq, t.item.seq.trace
-        if rec.options.attention_layers:
-            rec.keep_attention(_attention_of(ctx, t), seq.num_computed)
-        if t.sample_row is not None and logits is not None:
-            hidden = None
-            if rec.options.logit_lens:
-                hidden = torch.stack([h[lens_row] for h in ctx.layer_hidden])  # (layers, dim)
-                lens_row += 1
-            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state,
-                           hidden)
-    elapsed = time.perf_counter() - start
-    for t in traced:
-        t.item.seq.trace._capture_s = elapsed
-
-
-def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
-    """layer -> this sequence's probs (heads, q_len, ctx) out of the step-wide capture."""
-    out = {}
-    for layer, kept in ctx.attention.items():
-        if t.prefill_index is not None:
-            out[layer] = kept[t.prefill_index][0]  # (heads, q_len, ctx)
-        else:
-            assert ctx.decode is not None
-            n = int(ctx.decode.ctx_lens[t.decode_index])
-            out[layer] = kept[len(ctx.prefills)][t.decode_index, :, :, :n]  # (heads, 1, n)
-    return out
-
-
 def _snapshot(state: SamplerState) -> SamplerState:
     """The state as it is now: penalty history is copied, as later tokens will change it."""
     snap = copy.copy(state)
@@ -246,14 +184,3 @@ def _weight_bytes(model: LlamaModel) -> int:
     """Bytes a forward pass reads from the weights (tied tensors once)."""
     tensors = {id(p): p for p in model.parameters()} | {id(b): b for b in model.buffers()}
     return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def check_trace_options(options: TraceOptions, n_layers: int, n_heads: int) -> None:
-    bad = [layer for layer in options.attention_layers if layer >= n_layers]
-    if bad:
-        raise ValueError(f"trace attention_layers {bad} do not exist: the model has layers "
-                         f"0..{n_layers - 1}")
-    bad = [h for h in options.attention_heads or [] if h >= n_heads]
-    if bad:
-        raise ValueError(f"trace attention_heads {bad} do not exist: the model has heads "
-                         f"0..{n_heads - 1}")

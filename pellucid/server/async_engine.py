@@ -17,13 +17,10 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Self
 
-from pellucid.engine.llm_engine import LLMEngine
-from pellucid.engine.outputs import EngineStats, RequestOutput
-from pellucid.engine.sampling_params import SamplingParams
-from pellucid.engine.trace_recorder import Recorder
+from pellucid.engine import EngineStats, LLMEngine, Recorder, RequestOutput, SamplingParams
 from pellucid.server.limits import ServerLimits
 from pellucid.server.metrics import ServerMetrics
 
@@ -90,7 +87,6 @@ class RequestHandle:
         self._tokens: dict[int, int] = {}
         # Touched by the engine thread only:
         self.request_ids: dict[int, int] = {}  # choice index -> engine request id
-        self.sent_logprobs: dict[int, int] = {}
         self.traces: dict[int, Recorder] = {}  # choice index -> its trace, when asked for
 
     async def __aenter__(self) -> Self:
@@ -266,7 +262,6 @@ class AsyncEngine:
             self._deliver(handle, command.index, e)
             return
         handle.request_ids[command.index] = seq.request_id
-        handle.sent_logprobs[command.index] = 0
         if seq.trace is not None:
             handle.traces[command.index] = seq.trace
         self._owners[seq.request_id] = (handle, command.index)
@@ -300,11 +295,6 @@ class AsyncEngine:
             handle, index = owner
             if out.finished:
                 del self._owners[out.request_id]
-            if out.logprobs is not None:
-                # The engine's list grows in place; hand over only the new entries, copied.
-                start = handle.sent_logprobs[index]
-                handle.sent_logprobs[index] = len(out.logprobs)
-                out = replace(out, logprobs=list(out.logprobs[start:]))
             self._deliver(handle, index, out)
 
     def _fail_all(self, error: BaseException) -> None:

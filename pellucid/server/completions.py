@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pellucid.engine.outputs import RequestOutput
+from pellucid.engine import RequestOutput
 from pellucid.server import params as P
 from pellucid.server import responses as R
 from pellucid.server.async_engine import RequestHandle

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pellucid.engine.outputs import EngineStats, RequestOutput
+from pellucid.engine import EngineStats, RequestOutput
 
 PREFIX = "pellucid:"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)

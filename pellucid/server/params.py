@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pellucid.engine.sampling_params import SamplingParams, TraceOptions
-from pellucid.engine.trace_recorder import check_trace_options
+from pellucid.engine import SamplingParams, TraceOptions
 from pellucid.errors import PromptError
 from pellucid.llm import LLM
 from pellucid.server.errors import bad_request
@@ -178,7 +177,7 @@ def _trace_options(llm: LLM, trace: bool | TraceRequest) -> bool | TraceOptions:
         return trace
     try:
         options = TraceOptions(**trace.model_dump())
-        check_trace_options(options, llm.model.cfg.n_layers, llm.model.cfg.n_heads)
+        options.check(llm.model.cfg.n_layers, llm.model.cfg.n_heads)
     except ValueError as e:
         raise bad_request(str(e), "trace") from e
     return options

@@ -8,8 +8,7 @@ import json
 
 from pydantic import BaseModel
 
-from pellucid.engine.outputs import RequestOutput, TokenLogprob
-from pellucid.engine.trace_recorder import Recorder
+from pellucid.engine import Recorder, RequestOutput, TokenLogprob
 from pellucid.server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,

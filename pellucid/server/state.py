@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 
 from pellucid import catalog
-from pellucid.engine.sampling_params import SamplingParams
+from pellucid.engine import SamplingParams
 from pellucid.llm import LLM
 from pellucid.server.async_engine import (
     AsyncEngine,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from pellucid.engine.sampling_params import SamplingParams
 from pellucid.structured.grammars import (
     response_format_grammar,
     tool_call_grammar,
@@ -28,13 +26,6 @@ class PreparedChat:
     # for SamplingParams.grammar_close_margin: 0 when the grammar allows free text ("auto"),
     # which closing tokens would cut short
     close_margin: int = 0
-
-    def constrain(self, params: SamplingParams) -> SamplingParams:
-        """params with this chat's grammar (unchanged when there is none)."""
-        if self.grammar is None:
-            return params
-        return dataclasses.replace(params, grammar=self.grammar,
-                                   grammar_close_margin=self.close_margin)
 
 
 def prepare_chat(

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
+
+from pellucid.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +53,8 @@ def _load(path: Path) -> HFTokenizer | None:
 
 def _save(hf: HFTokenizer, path: Path) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokenizer-", suffix=".tmp")
-        os.close(fd)
-        try:
-            hf.save(tmp, pretty=False)
-            os.replace(tmp, path)  # atomic: readers see the old file or the whole new one
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_path(path) as tmp:  # readers see the old file or the whole new one
+            hf.save(str(tmp), pretty=False)
     except Exception as e:  # noqa: BLE001 - a read-only or full disk costs a later rebuild, no more
         log.warning(
             "could not write tokenizer cache %s (%s); it will be rebuilt next time", path, e

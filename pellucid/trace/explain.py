@@ -20,15 +20,10 @@ import torch.nn.functional as F
 
 from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
-from pellucid.engine.trace_records import (
-    Explanation,
-    NoCacheComparison,
-    Trace,
-    TrainingStep,
-    TrainingWalk,
-)
+from pellucid.engine.trace_records import Trace
 from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
+from pellucid.trace.records import Explanation, NoCacheComparison, TrainingStep, TrainingWalk
 
 TRAIN_TEXT = "The capital of India is New Delhi."
 

@@ -9,7 +9,7 @@ import html
 import json
 from pathlib import Path
 
-from pellucid.engine.trace_records import Explanation
+from pellucid.trace.records import Explanation
 
 TEMPLATE = Path(__file__).with_name("report.html")
 PLACEHOLDER = "__TRACE_JSON__"

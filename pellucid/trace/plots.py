@@ -15,7 +15,8 @@ matplotlib.use("Agg")  # files only: no window, works on a headless machine
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from pellucid.engine.trace_records import Explanation, Trace
+from pellucid.engine.trace_records import Trace
+from pellucid.trace.records import Explanation
 
 MAX_PROB_STEPS = 8  # steps drawn in probabilities.png
 

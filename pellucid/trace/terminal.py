@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pellucid.engine.trace_records import Explanation, NoCacheComparison, Step, Trace, TrainingWalk
+from pellucid.engine.trace_records import Step, Trace
+from pellucid.trace.records import Explanation, NoCacheComparison, TrainingWalk
 
 HEATMAP_MAX = 16  # prompt tokens shown in the heatmap (the last ones)
 LENS_EVERY = 5  # logit-lens layers shown: every 5th and the last

@@ -1,35 +1,27 @@
 """Training checkpoints: written whole to a temporary file, then renamed over the old one.
 
 A rename within one folder is atomic, so a crash (even SIGKILL) mid-save leaves the previous
-checkpoint intact plus a stray `*.tmp` that the next save overwrites: `ckpt.pt` is never half
+checkpoint intact plus a partial file that the next save removes: `ckpt.pt` is never half
 written. It holds the model, optimizer, RNG states, data position and loss history, which is what
 `--resume` needs to continue exactly where it stopped.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pellucid.atomic import atomic_path
+
 CHECKPOINT = "ckpt.pt"
 
 
 def save_checkpoint(state: dict[str, Any], folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    final, tmp = folder / CHECKPOINT, folder / f"{CHECKPOINT}.tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())  # the bytes reach the disk before the name points at them
-    os.replace(tmp, final)
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # and the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    final = folder / CHECKPOINT
+    with atomic_path(final, durable=True) as tmp:
+        torch.save(state, tmp)
     return final
 
 

@@ -134,7 +134,7 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from pellucid.train import ddp
     from pellucid.train.config import TrainConfig
-    from pellucid.train.export import export_hf
+    from pellucid.train.hf_export import export_hf
     from pellucid.train.trainer import Trainer
 
     if args.out is None:

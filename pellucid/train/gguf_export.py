@@ -18,11 +18,13 @@ import gguf
 import numpy as np
 from torch import Tensor
 
+from pellucid.atomic import atomic_path
+from pellucid.loading.gguf_loader import BLOCK_NAMES, FFN_NORM, GLOBAL_NAMES
+from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer.gguf_vocab import NO_MERGES
 from pellucid.train.char_tokenizer import gpt2_byte_alphabet
-from pellucid.train.export import with_biases
-from pellucid.weights.gguf_loader import BLOCK_NAMES, FFN_NORM, GLOBAL_NAMES
+from pellucid.train.hf_export import with_biases
 
 # The loader's name tables read backwards. The norm before the MLP, which Llama and GPT-2 call
 # post_attention_layernorm, is llama.cpp's ffn_norm (Gemma's post_attention_norm is not exported).
@@ -76,13 +78,24 @@ def gguf_vocab(tokenizer_folder: Path) -> tuple[list[str], list[int], list[str],
 
 
 def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
+    """An F32 GGUF file of the model and its tokenizer, which llama.cpp and pellucid read."""
     cfg = model.cfg
     if cfg.arch not in ("llama", "gpt2"):
         raise ValueError(f"GGUF export writes llama and gpt2 models; this one is {cfg.arch}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), cfg.arch)
-    writer.add_name(path.stem)
+    with atomic_path(path) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), cfg.arch)
+        _add_hyperparameters(writer, cfg, path.stem)
+        _add_tokenizer(writer, tokenizer_folder)
+        _add_tensors(writer, model)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return path
+
+
+def _add_hyperparameters(writer: gguf.GGUFWriter, cfg: ModelConfig, name: str) -> None:
+    writer.add_name(name)
     writer.add_context_length(cfg.context_length)
     writer.add_embedding_length(cfg.dim)
     writer.add_block_count(cfg.n_layers)
@@ -101,7 +114,10 @@ def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
         writer.add_layer_norm_rms_eps(cfg.norm_eps)
         writer.add_rope_freq_base(cfg.rope_theta)
         writer.add_rope_dimension_count(cfg.head_dim)
-    _add_tokenizer(writer, tokenizer_folder)
+
+
+def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel) -> None:
+    cfg = model.cfg
     state = {k: t.detach().float() for k, t in model.state_dict().items()}
     if cfg.tie_embeddings:
         state.pop("lm_head.weight")  # llama.cpp reuses token_embd when output.weight is absent
@@ -113,12 +129,6 @@ def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
         elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
             t = permute_rope(t, cfg.n_kv_heads)
         writer.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pellucid.atomic import atomic_path
+
 
 def plot_losses(history: dict[str, list], path: Path, title: str = "") -> Path | None:
     """Write the curve to `path`; None when matplotlib is missing (pip install 'pellucid[train]')."""
@@ -27,8 +29,7 @@ def plot_losses(history: dict[str, list], path: Path, title: str = "") -> Path |
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    tmp.replace(path)
     return path

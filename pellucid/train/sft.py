@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pellucid import catalog
+from pellucid.loading.loader import read_checkpoint
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
-from pellucid.train.export import export_hf
+from pellucid.train.hf_export import export_hf
 from pellucid.train.lora import add_lora, merge_lora
 from pellucid.train.schedule import lr_at
-from pellucid.weights.loader import read_checkpoint
 
 IGNORE = -100  # label of tokens that do not count in the loss (prompt, padding)
 

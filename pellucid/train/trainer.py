@@ -28,8 +28,8 @@ from pellucid.train import ddp
 from pellucid.train.checkpoint import load_checkpoint, save_checkpoint
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import TokenData
-from pellucid.train.export import TOKENIZER_FILES
 from pellucid.train.flops import flops_per_token, matmul_peak, n_params
+from pellucid.train.hf_export import TOKENIZER_FILES
 from pellucid.train.init import init_weights
 from pellucid.train.plot import plot_losses
 from pellucid.train.progress import TrainProgress
@@ -213,7 +213,7 @@ class Trainer:
         """Export the live weights to OUT/model and generate from it with `LLM`: the same path
         (tokenizer, pre-fill, KV cache, sampler) that serves the model after training."""
         from pellucid import LLM, SamplingParams
-        from pellucid.train.export import export_hf
+        from pellucid.train.hf_export import export_hf
 
         folder = export_hf(self.model, self.out, self.out / "model")
         llm = LLM(folder)

@@ -19,13 +19,14 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+
+from pellucid.atomic import atomic_path
 
 CACHE_VERSION = 1  # bump when gguf_state_dict or the metadata reading changes what it returns
 
@@ -88,12 +89,11 @@ def store_packed(path: Path, name: str, state: dict[str, Tensor]) -> None:
     where = entry_dir(path)
     if where is None or not (where / "metadata.json").is_file():
         return
-    tmp = where / f".partial-{name}.pt"
     try:
-        torch.save({k: v.contiguous() for k, v in state.items()}, tmp)
-        tmp.rename(where / f"{name}.pt")
+        with atomic_path(where / f"{name}.pt") as tmp:
+            torch.save({k: v.contiguous() for k, v in state.items()}, tmp)
     except (OSError, RuntimeError):
-        tmp.unlink(missing_ok=True)
+        pass  # a full disk or read-only home: the next load packs again
 
 
 def store(path: Path, metadata: dict[str, Any], state: dict[str, Tensor]) -> None:
@@ -101,20 +101,12 @@ def store(path: Path, metadata: dict[str, Any], state: dict[str, Tensor]) -> Non
     where = entry_dir(path)
     if where is None:
         return
-    tmp = None
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=where.parent, prefix=".partial-"))
-        (tmp / "metadata.json").write_text(json.dumps(metadata))
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp / "model.safetensors")
-        shutil.rmtree(where, ignore_errors=True)  # a damaged entry of the same key
-        tmp.rename(where)
-        tmp = None
+        with atomic_path(where, folder=True) as tmp:  # replaces a damaged entry of the same key
+            (tmp / "metadata.json").write_text(json.dumps(metadata))
+            save_file({k: v.contiguous() for k, v in state.items()}, tmp / "model.safetensors")
         for stale in where.parent.glob(f"{path.stem}-*"):  # the file before an edit/reinstall
             if stale != where:
                 shutil.rmtree(stale, ignore_errors=True)
     except (OSError, TypeError, ValueError):  # a full disk, a read-only home, odd metadata
         pass
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)

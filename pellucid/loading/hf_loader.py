@@ -1,8 +1,8 @@
-"""Load a Hugging Face model folder: config.json + *.safetensors (+ tokenizer.json, read elsewhere)."""
+"""A Hugging Face model folder's *.safetensors under our module names (config.json: config.py;
+tokenizer.json: the tokenizer)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -10,23 +10,6 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from pellucid.errors import ModelLoadError
-from pellucid.models.config import ModelConfig, config_from_hf
-
-
-def hf_config(folder: Path) -> ModelConfig:
-    path = folder / "config.json"
-    if not path.exists():
-        raise ModelLoadError(f"{folder}: no config.json; a Hugging Face model folder needs one")
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from e
-    cfg = cfg.get("text_config", cfg)  # multimodal checkpoints nest the language model's config
-    try:
-        return config_from_hf(cfg, str(path))
-    except KeyError as e:
-        raise ModelLoadError(f"{path}: missing field {e}") from e
-
 
 # GPT-2's names (under `transformer.`), per block and global; its linear layers are Conv1D, whose
 # weight is (in, out): the transpose of nn.Linear's.

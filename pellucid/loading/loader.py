@@ -10,14 +10,15 @@ import torch
 from torch import Tensor
 
 from pellucid.errors import ModelLoadError
+from pellucid.loading.config import config_from_gguf, hf_config
+from pellucid.loading.gguf_loader import gguf_state_dict
+from pellucid.loading.hf_loader import hf_state_dict
 from pellucid.models import build_model
-from pellucid.models.config import ModelConfig, config_from_gguf
+from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import FORMAT, quantize, share_embedding
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
-from pellucid.weights.gguf_loader import gguf_state_dict
-from pellucid.weights.hf_loader import hf_config, hf_state_dict
 
 
 @dataclass(slots=True)

@@ -1,0 +1,106 @@
+"""Where the engine calls into traced requests' recorders; a step with none traced pays nothing.
+
+    ModelRunner.run:   traced = traced_items(batch)                 # [] when nobody asked
+                       before_forward(ctx, traced)                  # ask attention / hidden states
+                       after_forward(ctx, traced, logits, token_ids)  # keep a few tensors
+    LLMEngine.step:    end_step(batch, seconds)                     # timings, KV use
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pellucid.engine.scheduler import Batch, ScheduledSeq
+from pellucid.engine.trace_recorder import StepFacts
+from pellucid.models.context import ForwardContext
+
+
+@dataclass(slots=True)
+class TracedItem:
+    item: ScheduledSeq
+    first_row: int  # its first token among the step's flattened tokens
+    prefill_index: int | None  # its slice in ctx.prefills, or None: it is a decode row
+    decode_index: int | None  # its row in ctx.decode
+    sample_row: int | None  # its row among the sampled logits, if it samples
+
+
+def traced_items(batch: Batch) -> list[TracedItem]:
+    """Where each traced sequence sits in this step's inputs; [] (at once) when none is traced."""
+    if all(it.seq.trace is None for it in batch.items):
+        return []
+    found, row, n_prefill, n_decode, n_sample = [], 0, 0, 0, 0
+    for it in batch.items:  # the same walk as ModelRunner.prepare
+        is_decode = it.n_tokens == 1
+        if it.seq.trace is not None:
+            found.append(TracedItem(it, row, None if is_decode else n_prefill,
+                                    n_decode if is_decode else None,
+                                    n_sample if it.samples else None))
+        row += it.n_tokens
+        n_decode, n_prefill = n_decode + is_decode, n_prefill + (not is_decode)
+        n_sample += it.samples
+    return found
+
+
+def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
+    """Ask the model to keep attention probabilities and per-layer hidden states as needed."""
+    for t in traced:
+        ctx.capture_attention.update(t.item.seq.trace.options.attention_layers)
+    rows = [t.first_row + t.item.n_tokens - 1 for t in traced
+            if t.item.samples and t.item.seq.trace.options.logit_lens]
+    if rows:
+        ctx.capture_hidden_rows = torch.tensor(rows)
+
+
+def after_forward(ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None,
+                  token_ids: list[int]) -> None:
+    """Hand each traced sequence what this forward showed about it; time it, to leave it out."""
+    start = time.perf_counter()
+    lens_row = 0
+    for t in traced:
+        seq, rec = t.item.seq, t.item.seq.trace
+        if rec.options.attention_layers:
+            rec.keep_attention(_attention_of(ctx, t), seq.num_computed)
+        if t.sample_row is not None and logits is not None:
+            hidden = None
+            if rec.options.logit_lens:
+                hidden = torch.stack([h[lens_row] for h in ctx.layer_hidden])  # (layers, dim)
+                lens_row += 1
+            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state,
+                           hidden)
+    elapsed = time.perf_counter() - start
+    for t in traced:
+        t.item.seq.trace.capture_s = elapsed
+
+
+def end_step(batch: Batch, seconds: float) -> None:
+    """After the scheduler counted the step, before the tokens are appended: each traced
+    sequence's recorder notes what the step did."""
+    traced = [it for it in batch.items if it.seq.trace is not None]
+    if not traced:
+        return
+    batch_tokens = sum(it.n_tokens for it in batch.items)
+    kv_tokens = sum(it.seq.num_computed + it.n_tokens for it in batch.items)  # read + written
+    for it in traced:
+        seq = it.seq
+        seq.trace.end_step(StepFacts(
+            start=seq.num_computed - it.n_tokens, n_tokens=it.n_tokens, samples=it.samples,
+            prefilling=not seq.output_ids, cached_tokens=seq.num_cached,
+            computed=seq.num_computed, blocks=len(seq.block_table), batch_rows=len(batch.items),
+            batch_tokens=batch_tokens, batch_kv_tokens=kv_tokens, seconds=seconds))
+
+
+def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
+    """layer -> this sequence's probs (heads, q_len, ctx) out of the step-wide capture."""
+    out = {}
+    for layer, kept in ctx.attention.items():
+        if t.prefill_index is not None:
+            out[layer] = kept[t.prefill_index][0]  # (heads, q_len, ctx)
+        else:
+            assert ctx.decode is not None
+            n = int(ctx.decode.ctx_lens[t.decode_index])
+            out[layer] = kept[len(ctx.prefills)][t.decode_index, :, :, :n]  # (heads, 1, n)
+    return out
