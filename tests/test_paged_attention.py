@@ -9,15 +9,13 @@ import pytest
 import torch
 
 from pellucid.engine.model_runner import _decode_batch
-from pellucid.models import layers
-from pellucid.models.layers import Attention
+from pellucid.models import build_model, layers
 from pellucid.models.paged_attention import (
-    CAUSAL_BIAS,
     attend_causal,
     attend_causal_explicit,
+    causal_bias,
     decode_attention,
     decode_attention_by_block,
-    keep_causal_bias,
     padded_mask,
 )
 from pellucid.train.config import TrainConfig
@@ -50,12 +48,11 @@ def test_explicit_causal_attention_equals_sdpa(n_kv):
     """The form bfloat16 training uses gives SDPA's outputs and gradients (computed in float32)."""
     torch.manual_seed(0)
     B, H, T, hd = 3, 4, 10, 8
-    keep_causal_bias(T, torch.device("cpu"))
     q = torch.randn(B, H, T, hd, dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(B, n_kv, T, hd, dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
     grad = torch.randn(B, H, T, hd)
 
-    out = attend_causal_explicit(q, k, v, hd**-0.5, CAUSAL_BIAS.pop((T, torch.device("cpu"))))
+    out = attend_causal_explicit(q, k, v, hd**-0.5, causal_bias(T))
     out.float().backward(grad)
     ours = [out.float(), q.grad.float(), k.grad.float(), v.grad.float()]
 
@@ -70,16 +67,18 @@ def test_explicit_causal_attention_equals_sdpa(n_kv):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("grad", [True, False])
 def test_only_bfloat16_training_takes_the_explicit_attention(monkeypatch, dtype, grad):
-    """A stored bias selects the explicit form for bfloat16 training only: float32 training (the
-    benchmark's nanoGPT-recipe peer, in the same process) and inference keep SDPA."""
+    """A model told to attend explicitly does so for bfloat16 training at its block size only:
+    float32 training, inference and other lengths keep SDPA, and so does another model (the
+    benchmark's nanoGPT-recipe peer, in the same process)."""
     cfg = TrainConfig(data="-", out="-", n_layers=1).model_config(vocab_size=16)
-    attention = Attention(cfg, layer=0)
+    model, peer = build_model(cfg), build_model(cfg)
+    model.attend_explicitly(8)
     taken = []
     monkeypatch.setattr(layers, "attend_causal_explicit", lambda *a: taken.append(a) or a[0])
-    keep_causal_bias(8, torch.device("cpu"))
-    q = torch.randn(2, cfg.n_heads, 8, cfg.head_dim, dtype=dtype)
-    k = v = torch.randn(2, cfg.n_kv_heads, 8, cfg.head_dim, dtype=dtype)
-    with torch.set_grad_enabled(grad):
-        attention.attend_within(q, k, v, torch.arange(8))
-    CAUSAL_BIAS.clear()
+    for T in (8, 6):
+        q = torch.randn(2, cfg.n_heads, T, cfg.head_dim, dtype=dtype)
+        k = v = torch.randn(2, cfg.n_kv_heads, T, cfg.head_dim, dtype=dtype)
+        with torch.set_grad_enabled(grad):
+            for m in (model, peer):
+                m.layers[0].self_attn.attend_within(q, k, v, torch.arange(T))
     assert len(taken) == (1 if dtype == torch.bfloat16 and grad else 0)

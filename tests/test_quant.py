@@ -57,7 +57,7 @@ def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):
     max recovers Q4_1's integers, so only bf16 rounding of the scales remains — unlike a matrix
     that was not on a 4-bit grid (its Q8_0 embedding), which loses up to half a step."""
     state = read_checkpoint(smollm2_path).state
-    for name in ["layers.0.self_attn.q_proj.weight", "layers.17.mlp.down_proj.weight"]:
+    for name in ["layers.0.self_attn.qkv_proj.weight", "layers.17.mlp.down_proj.weight"]:
         w = state[name]
         err = (Int4Linear.from_weight(w).dequantize().float() - w).view(w.shape[0], -1, GROUP)
         assert (err.abs() / _steps(w).clamp(min=1e-12)).max() < 0.15, name

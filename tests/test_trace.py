@@ -52,16 +52,16 @@ def test_trace_holds_every_stage(traced, smollm2):
 
 
 def q_and_k_outputs(attn, model, ids: list[int]) -> dict:
-    """The q_proj and k_proj outputs of one attention layer in a plain full forward (no cache)."""
+    """The queries and keys of one attention layer (its qkv_proj's output, cut into Q, K and V)
+    in a plain full forward (no cache)."""
     got = {}
-    hooks = [attn.q_proj.register_forward_hook(lambda m, i, o: got.__setitem__("q", o)),
-             attn.k_proj.register_forward_hook(lambda m, i, o: got.__setitem__("k", o))]
+    hook = attn.qkv_proj.register_forward_hook(
+        lambda m, i, o: got.update(zip("qkv", o.split(attn.qkv_sizes, dim=-1), strict=True)))
     try:
         with torch.inference_mode():
             model(torch.tensor([ids]))
     finally:
-        for h in hooks:
-            h.remove()
+        hook.remove()
     return got
 
 

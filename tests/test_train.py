@@ -208,7 +208,7 @@ def test_sigkill_during_checkpoint_save_then_resume(corpus: Path, tmp_path: Path
 def test_nan_stops_with_a_clear_message(corpus: Path, tmp_path: Path):
     trainer = Trainer(tiny_config(corpus, tmp_path), verbose=False)
     with torch.no_grad():
-        trainer.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+        trainer.model.layers[0].mlp.gate_up_proj.weight[0, 0] = float("nan")
     with pytest.raises(TrainingDiverged, match=r"loss became nan at step 0 .*Lower --lr"):
         trainer.run()
 

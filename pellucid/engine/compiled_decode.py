@@ -12,13 +12,15 @@ graph for one row and one for several are the only two (the int4 path adds one f
 DENSE_ROWS rows). Compiling takes 20-90 s the first time on 2 cores; inductor keeps its output
 under the pellucid cache folder, so a later process needs ~15-30 s.
 Pre-fill steps, mixed steps and traced requests stay eager; if compiling fails (no C++ compiler,
-an unsupported op), the runner says so once and stays eager.
+an unsupported op), the runner logs it once and stays eager.
+
+`prepare(model)` is the one place that sets what compiling needs of the process.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from collections.abc import Callable
 
 import torch
@@ -30,6 +32,7 @@ from pellucid.models.quant import DENSE_ROWS, Int8Linear, make_dense
 from pellucid.weights.cache import cache_root
 
 Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
+log = logging.getLogger("pellucid")
 
 OPTIONS = {
     # Before each call dynamo checks its guards: ~5,000 of them over the modules' attributes took
@@ -49,10 +52,17 @@ OPTIONS = {
 }
 
 
+def prepare(model: LlamaModel) -> CompiledDecode:
+    """The compiled decode step of `model`, and the one setting it needs of the process:
+    inductor keeps its kernels with pellucid's cache, so a later process reuses them. Inductor
+    reads that folder from an environment variable when it first compiles; one a user set is
+    kept."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    return CompiledDecode(model)
+
+
 class CompiledDecode:
     def __init__(self, model: LlamaModel):
-        # Inductor reads this when it first compiles: its kernels persist with pellucid's cache.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
         self.model = model
         self.compiled: Forward | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes ~1.5 s, which a load should not pay
@@ -71,8 +81,7 @@ class CompiledDecode:
             try:
                 return self.compiled(ids, positions, ctx)
             except Exception as e:  # noqa: BLE001 - any compiler failure: eager still works
-                print(f"pellucid: torch.compile failed ({type(e).__name__}: {e}); "
-                      "decoding eagerly", file=sys.stderr)
+                log.warning("torch.compile failed (%s: %s); decoding eagerly", type(e).__name__, e)
                 self.compiled, self.failed = None, True
         return self.eager(ids, positions, ctx)
 

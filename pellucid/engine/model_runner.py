@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pellucid.engine.compiled_decode import CompiledDecode
+from pellucid.engine.compiled_decode import CompiledDecode, prepare
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
@@ -37,7 +37,7 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, pool: KVCachePool, compile: bool = False):
         self.model = model
         self.pool = pool
-        self.compiled_decode = CompiledDecode(model) if compile else None
+        self.compiled_decode: CompiledDecode | None = prepare(model) if compile else None
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:

@@ -12,6 +12,7 @@ import re
 import torch
 from torch import Tensor
 
+from pellucid.loading.fused import fuse
 from pellucid.models.config import ModelConfig
 from pellucid.weights.gguf_file import GGUFFile
 
@@ -81,7 +82,7 @@ def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
         elif cfg.arch == "gemma3" and "norm" in ours:
             t = t - 1.0
         state[ours] = t
-    return state
+    return fuse(state)
 
 
 def to_dtype(state: dict[str, Tensor], dtype: torch.dtype) -> dict[str, Tensor]:

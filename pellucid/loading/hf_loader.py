@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from pellucid.errors import ModelLoadError
+from pellucid.loading.fused import fuse
 
 # GPT-2's names (under `transformer.`), per block and global; its linear layers are Conv1D, whose
 # weight is (in, out): the transpose of nn.Linear's.
@@ -65,4 +66,4 @@ def hf_state_dict(folder: Path, arch: str = "llama") -> dict[str, Tensor]:
             name, transposed = gpt2_name(k)
             if name is not None:
                 state[name] = (v.t().contiguous() if transposed else v).float()
-    return state
+    return fuse(state)

@@ -20,6 +20,7 @@ instead, so a compiled step calls fbgemm like any other kernel.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 import weakref
@@ -32,38 +33,33 @@ _PACKED: dict[int, torch.ScriptObject] = {}  # key -> fbgemm's packed matrix
 _KEYS = itertools.count()
 
 
-def _has_vnni() -> bool:
+@functools.cache
+def reduce_range() -> bool:
     """Without VNNI, fbgemm multiplies uint8 by int8 in pairs summed into int16, which can
-    saturate unless activations keep to 7 bits (its reduce_range)."""
+    saturate unless activations keep to 7 bits (its reduce_range). Read once, when first asked."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
-
-
-REDUCE_RANGE = not _has_vnni()
+        return True
+    return "avx512_vnni" not in flags and "avx_vnni" not in flags
 
 
 def prepack(owner: object, weight: Tensor, scales: Tensor) -> int | None:
     """Pack int8 (out, in) weights with one scale per output row for fbgemm_linear; the key to
-    pass it, or None where fbgemm cannot run (a build without torch's x86 quantized engine).
+    pass it, or None where fbgemm does not run: a build without torch's x86 quantized engine,
+    or a process that chose another one (torch.backends.quantized.engine, left as it is).
     The packed copy lives as long as `owner` does."""
-    if "x86" not in torch.backends.quantized.supported_engines:
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
         return None
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
-    engine = torch.backends.quantized.engine
     try:
         # torch marks its quantized tensors deprecated; pellucid pins torch 2.13, where they work
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.backends.quantized.engine = "x86"
             q = torch._make_per_channel_quantized_tensor(weight, scales.double(), zeros, 0)
             packed = torch.ops.quantized.linear_prepack(q, None)
     except (RuntimeError, AttributeError):  # a torch without these ops: the caller's own path
         return None
-    finally:
-        torch.backends.quantized.engine = engine
     key = next(_KEYS)
     _PACKED[key] = packed
     weakref.finalize(owner, _PACKED.pop, key, None)
@@ -74,7 +70,7 @@ def prepack(owner: object, weight: Tensor, scales: Tensor) -> int | None:
 def fbgemm_linear(rows: Tensor, key: int, out_features: int) -> Tensor:
     """rows (M, in), any float dtype -> float32 (M, out): rows @ W.T for the matrix packed under
     `key`. The rows are rounded to uint8 with one scale for all of them."""
-    return torch.ops.quantized.linear_dynamic(rows.float(), _PACKED[key], REDUCE_RANGE)
+    return torch.ops.quantized.linear_dynamic(rows.float(), _PACKED[key], reduce_range())
 
 
 @fbgemm_linear.register_fake

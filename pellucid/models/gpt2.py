@@ -2,7 +2,7 @@
 
 Differences: positions enter once, as a learned embedding added to the token embedding, instead of
 rotating queries and keys (no RoPE); LayerNorm (mean and variance, with bias) instead of RMSNorm;
-Q/K/V in one matrix; a plain 4x-wide GELU MLP instead of the gated one; biases on the linear layers.
+a plain 4x-wide GELU MLP instead of the gated one; biases on the linear layers.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def layer_norm(cfg: ModelConfig) -> LayerNorm:
 
 
 class GPT2Attention(Attention):
-    def make_projections(self, cfg: ModelConfig) -> None:
-        q_size = cfg.n_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.dim, 3 * q_size, bias=cfg.attn_bias)  # GPT-2's c_attn
-        self.o_proj = nn.Linear(q_size, cfg.dim, bias=cfg.attn_bias)  # c_proj
+    """qkv_proj is GPT-2's c_attn, o_proj its c_proj, with a bias when the model has biases."""
+
+    def output_bias(self, cfg: ModelConfig) -> bool:
+        return cfg.attn_bias
 
 
 class GPT2MLP(nn.Module):

@@ -9,7 +9,6 @@ from torch import Tensor, nn
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
 from pellucid.models.paged_attention import (
-    CAUSAL_BIAS,
     attend,
     attend_causal,
     attend_causal_explicit,
@@ -57,23 +56,21 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.scale = cfg.scale
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        # bfloat16 training at this (T, T) size attends explicitly with it (see attend_within)
+        self.causal_bias: Tensor | None = None
         q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         self.qkv_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj: nn.Module | None = None  # q, k and v in one matrix (quant.quantize)
-        self.make_projections(cfg)
+        # Q, K and V read the same input: one matrix (the checkpoint's three stacked at load,
+        # loading/fused.py), so one multiply instead of three
+        self.qkv_proj = nn.Linear(cfg.dim, q_size + 2 * kv_size, bias=cfg.attn_bias)
+        self.o_proj = nn.Linear(q_size, cfg.dim, bias=self.output_bias(cfg))
 
-    def make_projections(self, cfg: ModelConfig) -> None:
-        q_size, kv_size, _ = self.qkv_sizes
-        self.q_proj = nn.Linear(cfg.dim, q_size, bias=cfg.attn_bias)
-        self.k_proj = nn.Linear(cfg.dim, kv_size, bias=cfg.attn_bias)
-        self.v_proj = nn.Linear(cfg.dim, kv_size, bias=cfg.attn_bias)
-        self.o_proj = nn.Linear(q_size, cfg.dim, bias=False)
+    def output_bias(self, cfg: ModelConfig) -> bool:
+        return False  # Qwen2's biases are on Q/K/V only
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        if self.qkv_proj is not None:
-            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-            return q, k, v
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        return q, k, v
 
     def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k  # Gemma 3 normalizes each head here
@@ -103,9 +100,9 @@ class Attention(nn.Module):
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
         """q (B, H, T, hd), k/v (B, Hkv, T, hd), the T tokens in order -> (B, H, T, hd)."""
         if self.window is None:  # positions only grow: the mask is the plain lower triangle
+            bias = self.causal_bias
             training_bf16 = torch.is_grad_enabled() and q.dtype == torch.bfloat16
-            bias = CAUSAL_BIAS.get((q.shape[2], q.device)) if training_bf16 else None
-            if bias is not None:  # at the block size the bfloat16 trainer stored
+            if training_bf16 and bias is not None and bias.shape[0] == q.shape[2]:
                 return attend_causal_explicit(q, k, v, self.scale, bias)
             return attend_causal(q, k, v, self.scale)
         return attend(q, k, v, attention_mask(positions, positions, self.window), self.scale)
@@ -116,17 +113,13 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        # gate and up read the same input: one matrix, gate's rows first (as Q/K/V above)
+        self.gate_up_proj = nn.Linear(cfg.dim, 2 * cfg.ffn_dim, bias=False)
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
-        self.gate_up_proj: nn.Module | None = None  # gate and up in one matrix (quant.quantize)
 
     def act(self, x: Tensor) -> Tensor:
         return F.silu(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)

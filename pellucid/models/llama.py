@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext
 from pellucid.models.layers import MLP, Attention, RMSNorm, embedding
+from pellucid.models.paged_attention import causal_bias
 from pellucid.models.rope import rope_cos_sin, rope_for_heads
 
 
@@ -98,6 +99,13 @@ class LlamaModel(nn.Module):
         if positions is None:
             positions = torch.arange(ids.shape[1])
         return self.compute_logits(self.hidden_states(ids, positions, ctx))
+
+    def attend_explicitly(self, block_size: int) -> None:
+        """Training in bfloat16 at this block size: attention with a stored causal mask
+        (paged_attention.attend_causal_explicit) instead of SDPA, which is slow there on CPU."""
+        bias = causal_bias(block_size)  # one tensor, shared by every layer
+        for block in self.layers:
+            block.self_attn.causal_bias = bias
 
     def compute_logits(self, h: Tensor) -> Tensor:
         """Hidden states (..., dim) -> float32 logits (..., vocab): the LM head."""

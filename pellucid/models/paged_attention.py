@@ -48,14 +48,9 @@ def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
-# (T, T) additive causal masks (0 on and below the diagonal, -inf above) by (T, device), stored by
-# the bfloat16 trainer for its block size: their presence selects attend_causal_explicit, and the
-# compiled graph reads them as constants.
-CAUSAL_BIAS: dict[tuple[int, torch.device], Tensor] = {}
-
-
-def keep_causal_bias(T: int, device: torch.device) -> None:
-    CAUSAL_BIAS[(T, device)] = torch.full((T, T), float("-inf"), device=device).triu(1)
+def causal_bias(T: int, device: torch.device | None = None) -> Tensor:
+    """The (T, T) additive causal mask: 0 on and below the diagonal, -inf above."""
+    return torch.full((T, T), float("-inf"), device=device).triu(1)
 
 
 def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor) -> Tensor:
@@ -64,7 +59,8 @@ def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: 
     no fast bfloat16 backward on CPU, and its math path, compiled, rebuilds the causal triangle
     from indices for every score; adding a stored mask instead cut a compiled forward+backward per
     layer at the baby size from 2.0 to 1.5 ms (bf16, 12x4x64x32). The scores are materialized,
-    so this suits short blocks: the trainer opts in by storing the bias for its block size."""
+    so this suits short blocks: the trainer opts in (LlamaModel.attend_explicitly) for its block
+    size."""
     B, H, T, hd = q.shape
     Hkv = k.shape[1]
     q = q.unflatten(1, (Hkv, H // Hkv))  # the query heads that share each K/V head, side by side

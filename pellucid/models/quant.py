@@ -13,8 +13,8 @@ These kernels do one pass over the weights per row, so they win for a few rows (
 to a bf16 GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies
 by a bf16 copy of its matrix, made the first time one is needed.
 
-`quantize(model)` also fuses the projections that read the same input (Q/K/V, gate/up) into one
-matrix each: one kernel call instead of three or two per layer.
+The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
+(models/layers.py): one kernel call instead of three or two per layer.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pellucid.models import fbgemm
-from pellucid.models.layers import MLP, Attention
 from pellucid.models.llama import LlamaModel
 
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
@@ -173,43 +172,18 @@ def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> Pa
     return layer if err < MAX_INT4_ERROR else Int8Linear.from_weight(w, bias)
 
 
-def fused(linears: list[nn.Linear], kind: str | None) -> PackedLinear:
-    """One packed layer for projections that read the same input: their rows stacked."""
-    biases = [lin.bias for lin in linears]
-    bias = None if biases[0] is None else stacked(biases)
-    return packed(stacked([lin.weight for lin in linears]), bias, kind)
-
-
-def stacked(parts: list[Tensor]) -> Tensor:
-    """torch.cat(parts), or only its shape for a skeleton on the meta device: torch's meta cat is
-    a Python reference that first imports the compiler, ~1.5 s of a warm load."""
-    if parts[0].is_meta:
-        rows = sum(p.shape[0] for p in parts)
-        return torch.empty(rows, *parts[0].shape[1:], dtype=parts[0].dtype, device="meta")
-    return torch.cat(parts)
-
-
 @torch.no_grad()
 def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
-    """Replace every projection by a packed layer (int4, or int8 where int4 would lose too much),
-    fusing Q/K/V and gate/up, and the LM head by Int8Linear. The embedding table stays bf16: a
-    lookup reads only one row per token; when the head shares it (tied embeddings), it is also
-    the head's matrix for many rows. `stored`: the state-dict keys of a cached packed model,
-    which say which matrices are int4 (for a skeleton on the meta device).
+    """Replace every projection of the decoder by a packed layer of the same name (int4, or int8
+    where int4 would lose too much), and the LM head by Int8Linear. The embedding table stays
+    bf16: a lookup reads only one row per token; when the head shares it (tied embeddings), it
+    is also the head's matrix for many rows. `stored`: the state-dict keys of a cached packed
+    model, which say which matrices are int4 (for a skeleton on the meta device).
     """
     def kind(name: str) -> str | None:
         return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
 
-    for name, module in list(model.named_modules()):
-        if isinstance(module, Attention) and module.qkv_proj is None:
-            a = module
-            a.qkv_proj = fused([a.q_proj, a.k_proj, a.v_proj], kind(f"{name}.qkv_proj"))
-            del a.q_proj, a.k_proj, a.v_proj
-        elif isinstance(module, MLP):
-            m = module
-            m.gate_up_proj = fused([m.gate_proj, m.up_proj], kind(f"{name}.gate_up_proj"))
-            del m.gate_proj, m.up_proj
-    for name, module in list(model.layers.named_modules()):  # the rest: o, down, GPT-2's own
+    for name, module in list(model.layers.named_modules()):
         for child, lin in list(module.named_children()):
             if type(lin) is nn.Linear:
                 key = f"layers.{name}.{child}"

@@ -19,6 +19,7 @@ import numpy as np
 from torch import Tensor
 
 from pellucid.atomic import atomic_path
+from pellucid.loading.fused import unfused_state
 from pellucid.loading.gguf_loader import BLOCK_NAMES, FFN_NORM, GLOBAL_NAMES
 from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
@@ -118,7 +119,7 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, cfg: ModelConfig, name: str) -
 
 def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel) -> None:
     cfg = model.cfg
-    state = {k: t.detach().float() for k, t in model.state_dict().items()}
+    state = unfused_state(model)
     if cfg.tie_embeddings:
         state.pop("lm_head.weight")  # llama.cpp reuses token_embd when output.weight is absent
     if cfg.arch == "gpt2":

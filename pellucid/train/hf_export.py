@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from pellucid.atomic import atomic_path
+from pellucid.loading.fused import unfused_state
 from pellucid.loading.hf_loader import GPT2_BLOCK, GPT2_CONV1D, GPT2_GLOBAL
 from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
@@ -75,7 +76,7 @@ def gpt2_hf_config(cfg: ModelConfig) -> dict:
 
 def hf_state(model: LlamaModel) -> dict[str, Tensor]:
     """The model's tensors under HF's names (tied head omitted: HF stores the embedding once)."""
-    state = {k: t.detach().float() for k, t in model.state_dict().items()}
+    state = unfused_state(model)
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
     if model.cfg.arch != "gpt2":

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "up_proj", "down_proj")  # up_proj: GPT-2's
 
 
 class LoRALinear(nn.Module):

@@ -23,7 +23,6 @@ from pellucid.errors import PellucidError
 from pellucid.malloc import keep_freed_memory
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
-from pellucid.models.paged_attention import keep_causal_bias
 from pellucid.train import ddp
 from pellucid.train.checkpoint import load_checkpoint, save_checkpoint
 from pellucid.train.config import TrainConfig
@@ -89,8 +88,8 @@ class Trainer:
         if cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
         self.autocast = AUTOCAST[cfg.dtype]
-        if self.autocast is not None:  # bfloat16: attend through attend_causal_explicit
-            keep_causal_bias(cfg.block_size, torch.device("cpu"))
+        if self.autocast is not None:
+            self.model.attend_explicitly(cfg.block_size)
         self.verbose = verbose and self.dist.is_main
         self.peak: float | None = None  # measured matmul FLOP/s, for the MFU on the progress bar
         if self.dist.is_main:
