@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean chromium
+.PHONY: setup run test test-fast lint bench clean chromium
 
 setup: $(STAMP)
 
@@ -29,6 +29,16 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+# What CI checks besides the tests: ruff's lint and format, and the import layers (pyproject)
+lint: setup
+	$(VENV)/bin/ruff check pellucid tests benchmarks
+	$(VENV)/bin/ruff format --check pellucid tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # llama.cpp is built for this CPU (-march=native) but without its AMX kernels: on the Xeon under
 # KVM these benchmarks last ran on, they die with SIGILL at their first tile instruction

@@ -21,8 +21,12 @@ def repeat(fn: Callable[[], float], n: int) -> dict[str, object]:
 
 
 def summarize(values: list[float]) -> dict[str, object]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": [round(v, 3) for v in values]}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": [round(v, 3) for v in values],
+    }
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -59,7 +63,9 @@ def machine() -> dict[str, object]:
 
 def commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        )
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
@@ -68,8 +74,13 @@ def commit() -> str:
 def save(name: str, result: dict[str, object]) -> Path:
     """Write the result with commit, machine and date to benchmarks/results/ and print it."""
     stamp = datetime.now(UTC)
-    result = {"benchmark": name, "date": stamp.isoformat(timespec="seconds"), "commit": commit(),
-              "machine": machine(), **result}
+    result = {
+        "benchmark": name,
+        "date": stamp.isoformat(timespec="seconds"),
+        "commit": commit(),
+        "machine": machine(),
+        **result,
+    }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -34,13 +34,20 @@ def hf_tokens_per_s(model: torch.nn.Module, ids: list[int], n: int, use_cache: b
     x = torch.tensor([ids])
     start = time.perf_counter()
     with torch.inference_mode():
-        model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       use_cache=use_cache, pad_token_id=0)
+        model.generate(
+            x,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            use_cache=use_cache,
+            pad_token_id=0,
+        )
     return n / (time.perf_counter() - start)
 
 
-def measure(llm: LLM, hf: torch.nn.Module | None, llama_cpp: bool, ids: list[int], n: int,
-            repeats: int) -> dict[str, object]:
+def measure(
+    llm: LLM, hf: torch.nn.Module | None, llama_cpp: bool, ids: list[int], n: int, repeats: int
+) -> dict[str, object]:
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     runs = [no_cache_comparison(llm, ids, params) for _ in range(repeats)]
     row: dict[str, object] = {
@@ -56,15 +63,16 @@ def measure(llm: LLM, hf: torch.nn.Module | None, llama_cpp: bool, ids: list[int
         row["hf_uncached_tok_s"] = repeat(lambda: hf_tokens_per_s(hf, ids, n, False), repeats)
     if llama_cpp:
         threads = torch.get_num_threads()
-        cached = [llama_cpp_batch.greedy_batch(llm.path, [ids], [n], threads)
-                  for _ in range(repeats)]
-        uncached = [llama_cpp_batch.greedy_without_cache(llm.path, ids, n, threads)
-                    for _ in range(repeats)]
+        cached = [
+            llama_cpp_batch.greedy_batch(llm.path, [ids], [n], threads) for _ in range(repeats)
+        ]
+        uncached = [
+            llama_cpp_batch.greedy_without_cache(llm.path, ids, n, threads) for _ in range(repeats)
+        ]
         row["llama_cpp_cached_tok_s"] = _summary([n / s for _, s in cached])
         row["llama_cpp_uncached_tok_s"] = _summary([n / s for _, s in uncached])
         row["llama_cpp_same_tokens"] = cached[0][0][0] == uncached[0][0]
     return row
-
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -77,17 +85,23 @@ def print_row(row: dict) -> None:
         s = row.get(key)
         return "-" if s is None else f"{s['median']:7.1f} ({s['min']:.1f}-{s['max']:.1f})"
 
-    print(f"context {row['context']:5d}  pellucid cached {cell('pellucid_cached_tok_s')}  "
-          f"uncached {cell('pellucid_uncached_tok_s')}  = {row['pellucid_cache_speedup']:.1f}x  "
-          f"FLOPs {row['flops_uncached'] / row['flops_cached']:.1f}x")
+    print(
+        f"context {row['context']:5d}  pellucid cached {cell('pellucid_cached_tok_s')}  "
+        f"uncached {cell('pellucid_uncached_tok_s')}  = {row['pellucid_cache_speedup']:.1f}x  "
+        f"FLOPs {row['flops_uncached'] / row['flops_cached']:.1f}x"
+    )
     if "llama_cpp_cached_tok_s" in row:
-        print(f"{'':14s}llama.cpp cached {cell('llama_cpp_cached_tok_s')}  uncached "
-              f"{cell('llama_cpp_uncached_tok_s')}  = {row['llama_cpp_cache_speedup']:.1f}x;  "
-              f"pellucid/llama.cpp cached {row['pellucid_vs_llama_cpp_cached']:.2f}x")
+        print(
+            f"{'':14s}llama.cpp cached {cell('llama_cpp_cached_tok_s')}  uncached "
+            f"{cell('llama_cpp_uncached_tok_s')}  = {row['llama_cpp_cache_speedup']:.1f}x;  "
+            f"pellucid/llama.cpp cached {row['pellucid_vs_llama_cpp_cached']:.2f}x"
+        )
     if "hf_cached_tok_s" in row:
-        print(f"{'':14s}HF cached       {cell('hf_cached_tok_s')}  uncached "
-              f"{cell('hf_uncached_tok_s')}  = {row['hf_cache_speedup']:.1f}x;  pellucid/HF "
-              f"cached {row['pellucid_vs_hf_cached']:.2f}x")
+        print(
+            f"{'':14s}HF cached       {cell('hf_cached_tok_s')}  uncached "
+            f"{cell('hf_uncached_tok_s')}  = {row['hf_cache_speedup']:.1f}x;  pellucid/HF "
+            f"cached {row['pellucid_vs_hf_cached']:.2f}x"
+        )
 
 
 def main() -> None:
@@ -113,25 +127,32 @@ def main() -> None:
         no_cache_comparison(llm, ids[:16], SamplingParams(temperature=0, max_tokens=2))  # warm-up
         row = measure(llm, hf, llama_cpp, ids, args.new_tokens, args.repeats)
         med = {k: v["median"] for k, v in row.items() if isinstance(v, dict)}
-        row["pellucid_cache_speedup"] = med["pellucid_cached_tok_s"] / med["pellucid_uncached_tok_s"]
+        row["pellucid_cache_speedup"] = (
+            med["pellucid_cached_tok_s"] / med["pellucid_uncached_tok_s"]
+        )
         if "llama_cpp_cached_tok_s" in row:
-            row["llama_cpp_cache_speedup"] = (med["llama_cpp_cached_tok_s"]
-                                              / med["llama_cpp_uncached_tok_s"])
-            row["pellucid_vs_llama_cpp_cached"] = (med["pellucid_cached_tok_s"]
-                                                   / med["llama_cpp_cached_tok_s"])
+            row["llama_cpp_cache_speedup"] = (
+                med["llama_cpp_cached_tok_s"] / med["llama_cpp_uncached_tok_s"]
+            )
+            row["pellucid_vs_llama_cpp_cached"] = (
+                med["pellucid_cached_tok_s"] / med["llama_cpp_cached_tok_s"]
+            )
         if hf is not None:
             row["hf_cache_speedup"] = med["hf_cached_tok_s"] / med["hf_uncached_tok_s"]
             row["pellucid_vs_hf_cached"] = med["pellucid_cached_tok_s"] / med["hf_cached_tok_s"]
         rows.append(row)
         print_row(row)
-    save("kv_cache", {
-        "model": args.model,
-        "peers": ["transformers"] * (hf is not None) + ["llama.cpp"] * llama_cpp,
-        "rows": rows,
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-        "workload": f"prompt = first N tokens of benchmarks/prompt.txt; {args.new_tokens} greedy "
-                    f"tokens; {args.repeats} repeats; fp32; timings include pre-fill",
-    })
+    save(
+        "kv_cache",
+        {
+            "model": args.model,
+            "peers": ["transformers"] * (hf is not None) + ["llama.cpp"] * llama_cpp,
+            "rows": rows,
+            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "workload": f"prompt = first N tokens of benchmarks/prompt.txt; {args.new_tokens} greedy "
+            f"tokens; {args.repeats} repeats; fp32; timings include pre-fill",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,13 @@ def main() -> None:
                 ids = {"prompt": out["prompt_ids"], "short": out["short_ids"]}
             if out:
                 done.append(out)
-    result = {"model": args.model, "dtype": args.dtype, "compile": args.compile,
-              "rounds": args.rounds, **pooled(runs["pellucid"])}
+    result = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "compile": args.compile,
+        "rounds": args.rounds,
+        **pooled(runs["pellucid"]),
+    }
     result["workload"] = f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens"
     for key in KEYS:
         s = result[key]
@@ -81,10 +86,13 @@ def main() -> None:
         ratios["peak_rss"] = round(result["peak_rss_mib"] / peer["peak_rss_mib"], 2)
         result[f"ratios_vs_{name}"] = ratios
         for k in KEYS:
-            print(f"{name} {k:26s} median {peer[k]['median']:8.1f}   pellucid/{name} "
-                  f"{ratios[k]:.2f}x")
-        print(f"{name} {'load_s':26s} {peer['load_s']:.2f}   peak RSS {peer['peak_rss_mib']} MiB "
-              f"(pellucid/{name} {ratios['peak_rss']:.2f}x)")
+            print(
+                f"{name} {k:26s} median {peer[k]['median']:8.1f}   pellucid/{name} {ratios[k]:.2f}x"
+            )
+        print(
+            f"{name} {'load_s':26s} {peer['load_s']:.2f}   peak RSS {peer['peak_rss_mib']} MiB "
+            f"(pellucid/{name} {ratios['peak_rss']:.2f}x)"
+        )
     # one file per mode, so an eager or float32 run does not overwrite the fast path's result
     mode = ("" if args.compile else "-eager") + ("" if args.dtype == "int4" else f"-{args.dtype}")
     save(f"latency{mode}", result)
@@ -106,9 +114,22 @@ def pooled(outs: list[dict]) -> dict[str, object]:
 
 def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> dict | None:
     """Measure one engine in a fresh process, so that each peak RSS is that engine's own."""
-    cmd = [sys.executable, __file__, "--engine", engine, "--model", args.model, "--dtype",
-           args.dtype, "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens",
-           str(args.decode_tokens), "--repeats", str(args.repeats)] + ["--compile"] * args.compile
+    cmd = [
+        sys.executable,
+        __file__,
+        "--engine",
+        engine,
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--decode-tokens",
+        str(args.decode_tokens),
+        "--repeats",
+        str(args.repeats),
+    ] + ["--compile"] * args.compile
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         if ids is not None:
             json.dump(ids, f)
@@ -126,8 +147,11 @@ def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> di
 def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, object]:
     start = time.perf_counter()
     # No prefix caching: every repeat must pre-fill the same prompt from scratch.
-    llm = LLM(args.model, dtype=args.dtype,
-              engine=EngineConfig(enable_prefix_caching=False, compile=args.compile))
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        engine=EngineConfig(enable_prefix_caching=False, compile=args.compile),
+    )
     load_s = time.perf_counter() - start
     text = Path(__file__).with_name("prompt.txt").read_text()
     prompt = llm.encode(text)[: args.prompt_tokens]
@@ -163,8 +187,14 @@ def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] 
 
     threads = torch.get_num_threads()
     start = time.perf_counter()
-    model = llama_cpp.Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads,
-                            n_ctx=len(prompt) + n + 8, n_batch=len(prompt), verbose=False)
+    model = llama_cpp.Llama(
+        model_path=str(path),
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_ctx=len(prompt) + n + 8,
+        n_batch=len(prompt),
+        verbose=False,
+    )
     load_s = time.perf_counter() - start
 
     def prefill() -> float:
@@ -207,8 +237,13 @@ def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
     def generate_s(ids: list[int], new: int) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(torch.tensor([ids]), max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            )
         return time.perf_counter() - start
 
     def prefill() -> float:

@@ -23,8 +23,9 @@ def available() -> bool:
     try:
         import llama_cpp  # noqa: F401
     except ImportError as e:
-        print(f"llama.cpp peer skipped: {e} (make bench installs llama-cpp-python)",
-              file=sys.stderr)
+        print(
+            f"llama.cpp peer skipped: {e} (make bench installs llama-cpp-python)", file=sys.stderr
+        )
         return False
     return True
 
@@ -40,8 +41,9 @@ class LlamaCpp:
         self.lc, self.quiet = lc, suppress_stdout_stderr
         with self.quiet(disable=False):  # llama.cpp logs every load to stderr
             lc.llama_backend_init()
-            self.model = lc.llama_model_load_from_file(str(path).encode(),
-                                                       lc.llama_model_default_params())
+            self.model = lc.llama_model_load_from_file(
+                str(path).encode(), lc.llama_model_default_params()
+            )
             if self.model is None:
                 raise RuntimeError(f"llama.cpp could not load {path}")
             params = lc.llama_context_default_params()
@@ -64,8 +66,9 @@ class LlamaCpp:
         picks = {}
         for i, (_, _, seq, logits) in enumerate(entries):
             if logits:
-                row = np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ctx, i),
-                                            shape=(self.vocab,))
+                row = np.ctypeslib.as_array(
+                    self.lc.llama_get_logits_ith(self.ctx, i), shape=(self.vocab,)
+                )
                 picks[seq] = int(row.argmax())
         return picks
 
@@ -86,30 +89,38 @@ class LlamaCpp:
             self.lc.llama_model_free(self.model)
 
 
-def greedy_batch_tok_s(path: str | Path, prompts: list[list[int]], max_tokens: list[int],
-                       threads: int) -> float:
+def greedy_batch_tok_s(
+    path: str | Path, prompts: list[list[int]], max_tokens: list[int], threads: int
+) -> float:
     """Generate max_tokens[i] greedy tokens after each prompt, all at once; output tokens per
     second of wall time, pre-fill included (as pellucid's throughput.py counts)."""
     outputs, seconds = greedy_batch(path, prompts, max_tokens, threads)
     return sum(map(len, outputs)) / seconds
 
 
-def greedy_batch(path: str | Path, prompts: list[list[int]], max_tokens: list[int],
-                 threads: int) -> tuple[list[list[int]], float]:
+def greedy_batch(
+    path: str | Path, prompts: list[list[int]], max_tokens: list[int], threads: int
+) -> tuple[list[list[int]], float]:
     """The greedy tokens of each sequence, and the seconds generating them took (not loading)."""
     n_ctx = sum(len(p) + m for p, m in zip(prompts, max_tokens)) + 64 * len(prompts)
     llama = LlamaCpp(path, n_ctx, len(prompts), threads)
     try:
         start = time.perf_counter()
         out: list[list[int]] = [[] for _ in prompts]
-        firsts = llama.prefill([(tok, pos, s, pos == len(p) - 1) for s, p in enumerate(prompts)
-                                for pos, tok in enumerate(p)])
+        firsts = llama.prefill(
+            [
+                (tok, pos, s, pos == len(p) - 1)
+                for s, p in enumerate(prompts)
+                for pos, tok in enumerate(p)
+            ]
+        )
         for s, tok in firsts.items():
             out[s].append(tok)
         while active := [s for s in range(len(prompts)) if len(out[s]) < max_tokens[s]]:
             # the newest token goes after the prompt and the tokens generated before it
-            picks = llama.decode([(out[s][-1], len(prompts[s]) + len(out[s]) - 1, s, True)
-                                  for s in active])
+            picks = llama.decode(
+                [(out[s][-1], len(prompts[s]) + len(out[s]) - 1, s, True) for s in active]
+            )
             for s, tok in picks.items():
                 out[s].append(tok)
         return out, time.perf_counter() - start
@@ -117,8 +128,9 @@ def greedy_batch(path: str | Path, prompts: list[list[int]], max_tokens: list[in
         llama.close()
 
 
-def greedy_without_cache(path: str | Path, prompt: list[int], n: int,
-                         threads: int) -> tuple[list[int], float]:
+def greedy_without_cache(
+    path: str | Path, prompt: list[int], n: int, threads: int
+) -> tuple[list[int], float]:
     """n greedy tokens, each computed from the whole text so far with an emptied KV cache (what
     decoding costs without one); the tokens and the seconds they took."""
     llama = LlamaCpp(path, len(prompt) + n + 64, 1, threads)
@@ -127,8 +139,9 @@ def greedy_without_cache(path: str | Path, prompt: list[int], n: int,
         seq = list(prompt)
         for _ in range(n):
             llama.clear()
-            picks = llama.prefill([(tok, pos, 0, pos == len(seq) - 1)
-                                   for pos, tok in enumerate(seq)])
+            picks = llama.prefill(
+                [(tok, pos, 0, pos == len(seq) - 1) for pos, tok in enumerate(seq)]
+            )
             seq.append(picks[0])
         return seq[len(prompt) :], time.perf_counter() - start
     finally:

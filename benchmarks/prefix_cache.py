@@ -35,8 +35,9 @@ def ttft(engine: LLMEngine, prompt: list[int]) -> tuple[float, int]:
 
 
 def chat(llm: LLM, system: str, question: str) -> list[int]:
-    return llm.chat_prompt([{"role": "system", "content": system},
-                            {"role": "user", "content": question}])
+    return llm.chat_prompt(
+        [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    )
 
 
 def main() -> None:
@@ -63,19 +64,28 @@ def main() -> None:
     seconds = sorted(s for _, s, _ in rows)
     ratios = sorted(s / f for f, s, _ in rows)
     med = len(rows) // 2
-    print(f"first request TTFT   median {firsts[med] * 1000:7.1f} ms  "
-          f"min {firsts[0] * 1000:7.1f}  max {firsts[-1] * 1000:7.1f}")
-    print(f"second (cached) TTFT median {seconds[med] * 1000:7.1f} ms  "
-          f"min {seconds[0] * 1000:7.1f}  max {seconds[-1] * 1000:7.1f}")
-    print(f"second / first       median {ratios[med]:.3f}  (prompt tokens from cache: {rows[0][2]})")
-    save("prefix_cache", {
-        "model": args.model,
-        "workload": f"chat with a {args.system_tokens}-token system prompt, two user questions",
-        "first_ttft_s": {"median": firsts[med], "min": firsts[0], "max": firsts[-1]},
-        "second_ttft_s": {"median": seconds[med], "min": seconds[0], "max": seconds[-1]},
-        "second_over_first": {"median": ratios[med], "min": ratios[0], "max": ratios[-1]},
-        "cached_prompt_tokens": rows[0][2],
-    })
+    print(
+        f"first request TTFT   median {firsts[med] * 1000:7.1f} ms  "
+        f"min {firsts[0] * 1000:7.1f}  max {firsts[-1] * 1000:7.1f}"
+    )
+    print(
+        f"second (cached) TTFT median {seconds[med] * 1000:7.1f} ms  "
+        f"min {seconds[0] * 1000:7.1f}  max {seconds[-1] * 1000:7.1f}"
+    )
+    print(
+        f"second / first       median {ratios[med]:.3f}  (prompt tokens from cache: {rows[0][2]})"
+    )
+    save(
+        "prefix_cache",
+        {
+            "model": args.model,
+            "workload": f"chat with a {args.system_tokens}-token system prompt, two user questions",
+            "first_ttft_s": {"median": firsts[med], "min": firsts[0], "max": firsts[-1]},
+            "second_ttft_s": {"median": seconds[med], "min": seconds[0], "max": seconds[-1]},
+            "second_over_first": {"median": ratios[med], "min": ratios[0], "max": ratios[-1]},
+            "cached_prompt_tokens": rows[0][2],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -50,14 +50,24 @@ class Phase:
     wall_s: float = 0.0
 
     def summary(self) -> dict[str, object]:
-        out: dict[str, object] = {"requests": len(self.latency), "failures": len(self.failures),
-                                  "failure_examples": self.failures[:5],
-                                  "wall_s": self.wall_s, "client_cpu_s": self.client_cpu_s}
-        for name, values in (("ttft_s", self.ttft), ("latency_s", self.latency),
-                             ("reject_s", self.reject_s)):
+        out: dict[str, object] = {
+            "requests": len(self.latency),
+            "failures": len(self.failures),
+            "failure_examples": self.failures[:5],
+            "wall_s": self.wall_s,
+            "client_cpu_s": self.client_cpu_s,
+        }
+        for name, values in (
+            ("ttft_s", self.ttft),
+            ("latency_s", self.latency),
+            ("reject_s", self.reject_s),
+        ):
             if values:
-                out[name] = {"p50": percentile(values, 50), "p99": percentile(values, 99),
-                             "max": max(values)}
+                out[name] = {
+                    "p50": percentile(values, 50),
+                    "p99": percentile(values, 99),
+                    "max": max(values),
+                }
         if self.rejected:
             out["rejected"] = self.rejected
         if self.ended:
@@ -70,8 +80,9 @@ class Load:
 
     def __init__(self, url: str, pid: int, args: argparse.Namespace):
         self.url, self.pid, self.args = url, pid, args
-        self.client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0,
-                                         timeout=600)
+        self.client = openai.AsyncOpenAI(
+            base_url=url + "/v1", api_key="-", max_retries=0, timeout=600
+        )
         self.start = time.perf_counter()
         self.rss: list[tuple[float, float, str]] = []  # (seconds since start, MiB, phase)
         self.phase = "start"
@@ -108,13 +119,18 @@ class Load:
     async def one(self, phase: Phase, max_tokens: int) -> tuple[str, str]:
         """One streamed chat: how it ended (finished, rejected, failed, error_event, dropped)."""
         self.count += 1
-        messages = [{"role": "user", "content":
-                     f"Write about {TOPICS[self.count % len(TOPICS)]} (request {self.count})."}]
+        messages = [
+            {
+                "role": "user",
+                "content": f"Write about {TOPICS[self.count % len(TOPICS)]} (request {self.count}).",
+            }
+        ]
         start = time.perf_counter()
         first = None
         try:
             stream = await self.client.chat.completions.create(
-                model=self.args.model, messages=messages, max_tokens=max_tokens, stream=True)
+                model=self.args.model, messages=messages, max_tokens=max_tokens, stream=True
+            )
             async for chunk in stream:
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
                     first = time.perf_counter()
@@ -175,12 +191,20 @@ def main() -> None:
     plot = RESULTS / f"{time.strftime('%Y-%m-%d')}-soak-{args.model}.png"
     plot_rss(load.rss, plot)
     report(result)
-    save("soak", {"model": args.model, "dtype": args.dtype, "server_args": args.server_args,
-                  "workload": f"{args.clients} streaming clients for {args.minutes} min, then "
-                  f"{args.overload_clients} for {args.overload_minutes} min, {args.max_tokens} "
-                  "max tokens per request, a new prompt each time; openai client, no retries",
-                  "plot": plot.name, **result,
-                  "rss_mib": [(round(t, 1), round(m, 1), p) for t, m, p in load.rss]})
+    save(
+        "soak",
+        {
+            "model": args.model,
+            "dtype": args.dtype,
+            "server_args": args.server_args,
+            "workload": f"{args.clients} streaming clients for {args.minutes} min, then "
+            f"{args.overload_clients} for {args.overload_minutes} min, {args.max_tokens} "
+            "max tokens per request, a new prompt each time; openai client, no retries",
+            "plot": plot.name,
+            **result,
+            "rss_mib": [(round(t, 1), round(m, 1), p) for t, m, p in load.rss],
+        },
+    )
 
 
 async def soak(url: str, pid: int, args: argparse.Namespace) -> tuple[dict, Load]:
@@ -196,8 +220,9 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> tuple[dict, Load
     base = percentile(unloaded.ttft, 99)
     if overload.ttft:
         result["overload"]["ttft_p99_vs_unloaded"] = percentile(overload.ttft, 99) / base
-        result["overload"]["ttft_p99_vs_soak"] = (
-            percentile(overload.ttft, 99) / percentile(soaked.ttft, 99))
+        result["overload"]["ttft_p99_vs_soak"] = percentile(overload.ttft, 99) / percentile(
+            soaked.ttft, 99
+        )
     return result, load
 
 
@@ -210,9 +235,11 @@ def rss_check(rss: list[tuple[float, float, str]]) -> dict[str, float]:
     last = [m for t, m in soak if t > t1 - 60]
     out = {"overload_peak_mib": max((m for _, m, p in rss if p == "overload"), default=0.0)}
     if second and t1 - t0 >= 180:  # otherwise the two minutes overlap or do not exist
-        out |= {"second_minute_mib": statistics.mean(second),
-                "last_minute_mib": statistics.mean(last),
-                "last_over_second": statistics.mean(last) / statistics.mean(second)}
+        out |= {
+            "second_minute_mib": statistics.mean(second),
+            "last_minute_mib": statistics.mean(last),
+            "last_over_second": statistics.mean(last) / statistics.mean(second),
+        }
     return out
 
 
@@ -239,16 +266,22 @@ def report(result: dict) -> None:
     for name in ("unloaded", "soak", "overload", "sigterm"):
         r = result[name]
         ttft = r.get("ttft_s", {})
-        print(f"{name:9s} requests {r['requests']:5d}  failures {r['failures']:3d}  "
-              f"client CPU {r['client_cpu_s'] / max(r['wall_s'], 1e-9):4.0%}  "
-              f"TTFT p50 {ttft.get('p50', 0) * 1000:7.0f} ms  p99 {ttft.get('p99', 0) * 1000:7.0f}"
-              f" ms  rejected {r.get('rejected', {})}  ended {r.get('ended', {})}")
+        print(
+            f"{name:9s} requests {r['requests']:5d}  failures {r['failures']:3d}  "
+            f"client CPU {r['client_cpu_s'] / max(r['wall_s'], 1e-9):4.0%}  "
+            f"TTFT p50 {ttft.get('p50', 0) * 1000:7.0f} ms  p99 {ttft.get('p99', 0) * 1000:7.0f}"
+            f" ms  rejected {r.get('rejected', {})}  ended {r.get('ended', {})}"
+        )
     c = result["rss_check"]
     if "last_over_second" in c:
-        print(f"RSS: second minute {c['second_minute_mib']:.0f} MiB, last minute "
-              f"{c['last_minute_mib']:.0f} MiB ({c['last_over_second']:.3f}x)")
-    print(f"RSS peak under overload {c['overload_peak_mib']:.0f} MiB; exit code after SIGTERM "
-          f"{result['sigterm']['exit_code']}")
+        print(
+            f"RSS: second minute {c['second_minute_mib']:.0f} MiB, last minute "
+            f"{c['last_minute_mib']:.0f} MiB ({c['last_over_second']:.3f}x)"
+        )
+    print(
+        f"RSS peak under overload {c['overload_peak_mib']:.0f} MiB; exit code after SIGTERM "
+        f"{result['sigterm']['exit_code']}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,13 @@ from pellucid.config import EngineConfig
 def workload(n: int, vocab: int, seed: int, max_in: int, max_out: int):
     """n requests with random prompt ids and lengths (as nano-vllm's bench.py does)."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(100, vocab) for _ in range(rng.randint(16, max_in))] for _ in range(n)]
-    params = [SamplingParams(temperature=0, max_tokens=rng.randint(16, max_out), ignore_eos=True)
-              for _ in range(n)]
+    prompts = [
+        [rng.randrange(100, vocab) for _ in range(rng.randint(16, max_in))] for _ in range(n)
+    ]
+    params = [
+        SamplingParams(temperature=0, max_tokens=rng.randint(16, max_out), ignore_eos=True)
+        for _ in range(n)
+    ]
     return prompts, params
 
 
@@ -61,17 +65,27 @@ def main() -> None:
 
     # No prefix caching: the repeats send the same prompts, and a cache hit would skip their
     # pre-fill, while llama.cpp starts every batch from an empty context.
-    llm = LLM(args.model, dtype=args.dtype, compile=args.compile,
-              engine=EngineConfig(enable_prefix_caching=False))
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        compile=args.compile,
+        engine=EngineConfig(enable_prefix_caching=False),
+    )
     vocab = llm.config.vocab_size
     one_prompt, one_params = workload(1, vocab, 0, args.max_input, args.max_output)
     one_params[0].max_tokens = args.max_output
     run_batch(llm, one_prompt, one_params)  # warm-up
     single = repeat(lambda: run_batch(llm, one_prompt, one_params), args.repeats)
-    print(f"{'1 sequence':14s} median {single['median']:8.1f}  min {single['min']:8.1f}  "
-          f"max {single['max']:8.1f} tok/s")
-    result: dict[str, object] = {"model": args.model, "dtype": args.dtype,
-                                 "compile": args.compile, "single_stream_tok_s": single}
+    print(
+        f"{'1 sequence':14s} median {single['median']:8.1f}  min {single['min']:8.1f}  "
+        f"max {single['max']:8.1f} tok/s"
+    )
+    result: dict[str, object] = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "compile": args.compile,
+        "single_stream_tok_s": single,
+    }
     for n in args.seqs:
         prompts, params = workload(n, vocab, n, args.max_input, args.max_output)
         # Warm-up: short prompts pre-fill in one step, so the n rows then decode together
@@ -80,20 +94,26 @@ def main() -> None:
         run_batch(llm, [p[:8] for p in prompts], warm)
         stats = repeat(lambda p=prompts, sp=params: run_batch(llm, p, sp), args.repeats)
         ratio = stats["median"] / single["median"]
-        print(f"{n:3d} sequences   median {stats['median']:8.1f}  min {stats['min']:8.1f}  "
-              f"max {stats['max']:8.1f} tok/s   x{ratio:.2f} single stream")
+        print(
+            f"{n:3d} sequences   median {stats['median']:8.1f}  min {stats['min']:8.1f}  "
+            f"max {stats['max']:8.1f} tok/s   x{ratio:.2f} single stream"
+        )
         result[f"seqs_{n}_tok_s"] = stats
         result[f"seqs_{n}_vs_single"] = round(ratio, 2)
         peer = llama_cpp_peer(llm, prompts, params, args.repeats)
         if peer is not None:
             result[f"llama_cpp_seqs_{n}_tok_s"] = peer
             result[f"seqs_{n}_vs_llama_cpp"] = round(stats["median"] / peer["median"], 2)
-            print(f"    llama.cpp  median {peer['median']:8.1f}  min {peer['min']:8.1f}  "
-                  f"max {peer['max']:8.1f} tok/s   pellucid/llama.cpp "
-                  f"{stats['median'] / peer['median']:.2f}x")
+            print(
+                f"    llama.cpp  median {peer['median']:8.1f}  min {peer['min']:8.1f}  "
+                f"max {peer['max']:8.1f} tok/s   pellucid/llama.cpp "
+                f"{stats['median'] / peer['median']:.2f}x"
+            )
     result["peak_rss_mib"] = round(peak_rss_mib(), 1)
-    result["workload"] = (f"random prompts of 16-{args.max_input} ids, 16-{args.max_output} "
-                          "greedy output tokens each, all submitted at once")
+    result["workload"] = (
+        f"random prompts of 16-{args.max_input} ids, 16-{args.max_output} "
+        "greedy output tokens each, all submitted at once"
+    )
     save("throughput", result)
 
 
@@ -103,8 +123,9 @@ def llama_cpp_peer(llm: LLM, prompts, params, repeats: int) -> dict[str, float] 
         return None
     lengths = [sp.max_tokens for sp in params]
     threads = torch.get_num_threads()
-    return repeat(lambda: llama_cpp_batch.greedy_batch_tok_s(llm.path, prompts, lengths, threads),
-                  repeats)
+    return repeat(
+        lambda: llama_cpp_batch.greedy_batch_tok_s(llm.path, prompts, lengths, threads), repeats
+    )
 
 
 if __name__ == "__main__":

@@ -49,12 +49,15 @@ class Category:
     max_tokens: int  # a valid call is far shorter: cut-offs are the model rambling
 
 
-CATEGORIES = {c.name: c for c in [
-    Category("simple", "simple_python", "required", False, 256),
-    Category("multiple", "multiple", "required", False, 256),
-    Category("parallel", "parallel", "required", True, 512),
-    Category("irrelevance", "irrelevance", "auto", True, 256),
-]}
+CATEGORIES = {
+    c.name: c
+    for c in [
+        Category("simple", "simple_python", "required", False, 256),
+        Category("multiple", "multiple", "required", False, 256),
+        Category("parallel", "parallel", "required", True, 512),
+        Category("irrelevance", "irrelevance", "auto", True, 256),
+    ]
+}
 DEFAULT_LIMIT = 30  # entries per category: ~20 min on 2 cores; 0 runs all 1040
 EXAMPLES = 8  # invalid replies kept per reason, to show what went wrong
 CHECKER_MODEL = "pellucid"  # the checker looks this up in our stand-in MODEL_CONFIG_MAPPING
@@ -115,8 +118,16 @@ def openai_tools(entry: dict) -> tuple[list[dict], dict[str, str], dict[str, dic
     for f in entry["function"]:
         name = f["name"].replace(".", "_")
         names[name], schemas[name] = f["name"], json_schema(f["parameters"])
-        tools.append({"type": "function", "function": {
-            "name": name, "description": f.get("description", ""), "parameters": schemas[name]}})
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f.get("description", ""),
+                    "parameters": schemas[name],
+                },
+            }
+        )
     return tools, names, schemas
 
 
@@ -131,39 +142,62 @@ def call_error(text: str, schemas: dict[str, dict]) -> str:
         if call.name not in schemas:
             return f"unknown function {call.name!r}"
         error = jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(schemas[call.name]).iter_errors(call.args))
+            jsonschema.Draft202012Validator(schemas[call.name]).iter_errors(call.args)
+        )
         if error is not None:
             return f"{call.name}: {error.message}"
     return ""
 
 
-def ast_verdict(entry: dict, text: str, category: Category, names: dict[str, str],
-                checker: Checker, language: object) -> tuple[bool, str]:
+def ast_verdict(
+    entry: dict,
+    text: str,
+    category: Category,
+    names: dict[str, str],
+    checker: Checker,
+    language: object,
+) -> tuple[bool, str]:
     """(correct, error type) by BFCL's rules; irrelevance is correct when no call decodes."""
     calls = parse_tool_calls(text).tool_calls
     if category.tool_choice == "auto":
         return not calls, "" if not calls else "irrelevance_error:decoder_success"
     output = [{names.get(c.name, c.name): c.args} for c in calls]
     try:
-        result = checker(entry["function"], output, entry["answer"], language, category.file,
-                         CHECKER_MODEL)
+        result = checker(
+            entry["function"], output, entry["answer"], language, category.file, CHECKER_MODEL
+        )
     except Exception as e:  # noqa: BLE001 - third-party code on any output: a crash is a miss
         return False, f"checker_crash:{type(e).__name__}"
     return result["valid"], result.get("error_type", "")
 
 
-def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: bool,
-             checker: Checker, language: object, frequency_penalty: float) -> dict:
+def run_mode(
+    llm: LLM,
+    category: Category,
+    entries: list[dict],
+    constrained: bool,
+    checker: Checker,
+    language: object,
+    frequency_penalty: float,
+) -> dict:
     start = time.perf_counter()
     requests, compile_errors, prepared = [], {}, []
     for e in entries:
         tools, names, schemas = openai_tools(e)
-        chat = prepare_chat(llm.tokenizer, e["question"][0], tools=tools,
-                            tool_choice=category.tool_choice, parallel_tool_calls=category.parallel,
-                            constrained=constrained)
+        chat = prepare_chat(
+            llm.tokenizer,
+            e["question"][0],
+            tools=tools,
+            tool_choice=category.tool_choice,
+            parallel_tool_calls=category.parallel,
+            constrained=constrained,
+        )
         ids = llm.tokenizer.encode(chat.prompt, parse_special=True)
-        params = chat.constrain(SamplingParams(temperature=0, max_tokens=category.max_tokens,
-                                               frequency_penalty=frequency_penalty))
+        params = chat.constrain(
+            SamplingParams(
+                temperature=0, max_tokens=category.max_tokens, frequency_penalty=frequency_penalty
+            )
+        )
         if chat.grammar is not None:
             try:  # compile now, so a grammar llguidance rejects is reported, not fatal
                 llm.engine.grammars.matcher(chat.grammar)
@@ -201,12 +235,19 @@ def run_mode(llm: LLM, category: Category, entries: list[dict], constrained: boo
     n = len(entries)
     tokens = sum(len(o.token_ids) for o in outs)
     return {
-        "category": category.name, "constrained": constrained, "n": n,
-        "valid": valid, "valid_rate": round(valid / n, 4),
-        "ast_correct": correct, "ast_accuracy": round(correct / n, 4),
-        "hit_max_tokens": cut, "grammar_compile_errors": len(compile_errors),
-        "generated_tokens": tokens, "seconds": round(elapsed, 1),
-        "tok_s": round(tokens / elapsed, 1), "ast_error_types": dict(ast_errors.most_common()),
+        "category": category.name,
+        "constrained": constrained,
+        "n": n,
+        "valid": valid,
+        "valid_rate": round(valid / n, 4),
+        "ast_correct": correct,
+        "ast_accuracy": round(correct / n, 4),
+        "hit_max_tokens": cut,
+        "grammar_compile_errors": len(compile_errors),
+        "generated_tokens": tokens,
+        "seconds": round(elapsed, 1),
+        "tok_s": round(tokens / elapsed, 1),
+        "ast_error_types": dict(ast_errors.most_common()),
         "invalid_reasons": dict(invalid.most_common()),
         "invalid_ids": invalid_ids,
         "invalid_examples": examples,
@@ -217,8 +258,15 @@ def reason_of(why: str, finish_reason: str | None) -> str:
     """A reply's invalidity, coarsely: the table of reasons stays short."""
     if finish_reason == "length":
         return "cut off at max_tokens"
-    kinds = ("no call", "made a call", "unknown function", "not valid JSON", "no string 'name'",
-             "not a JSON object", "not closed")
+    kinds = (
+        "no call",
+        "made a call",
+        "unknown function",
+        "not valid JSON",
+        "no string 'name'",
+        "not a JSON object",
+        "not closed",
+    )
     return next((k for k in kinds if k in why), "arguments do not match the schema")
 
 
@@ -229,8 +277,13 @@ def clip(text: str, keep: int = 200) -> str:
 
 def pellucid_changes() -> list[str]:
     """Files under pellucid/ that differ from HEAD: others edit this tree while a run goes on."""
-    out = subprocess.run(["git", "status", "--porcelain", "--", "pellucid"], capture_output=True,
-                         text=True, check=False, cwd=Path(__file__).parent)
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--", "pellucid"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parent,
+    )
     return [line[3:] for line in out.stdout.splitlines()]
 
 
@@ -239,9 +292,16 @@ def print_table(rows: list[dict]) -> None:
     for col in ("category", "grammar", "n", "valid", "AST acc", "hit max_tokens", "s", "tok/s"):
         table.add_column(col, justify="left" if col in ("category", "grammar") else "right")
     for r in rows:
-        table.add_row(r["category"], "on" if r["constrained"] else "off", str(r["n"]),
-                      f"{r['valid_rate']:.1%}", f"{r['ast_accuracy']:.1%}",
-                      str(r["hit_max_tokens"]), f"{r['seconds']:.0f}", f"{r['tok_s']:.1f}")
+        table.add_row(
+            r["category"],
+            "on" if r["constrained"] else "off",
+            str(r["n"]),
+            f"{r['valid_rate']:.1%}",
+            f"{r['ast_accuracy']:.1%}",
+            str(r["hit_max_tokens"]),
+            f"{r['seconds']:.0f}",
+            f"{r['tok_s']:.1f}",
+        )
     Console().print(table)
 
 
@@ -267,29 +327,42 @@ def main() -> None:
     for category in categories:
         entries = load(category, args.limit, set(filter(None, args.ids.split(","))))
         for constrained in modes:
-            rows.append(run_mode(llm, category, entries, constrained, checker, language,
-                                 args.frequency_penalty))
+            rows.append(
+                run_mode(
+                    llm, category, entries, constrained, checker, language, args.frequency_penalty
+                )
+            )
             r = rows[-1]
-            print(f"{category.name:12s} grammar {'on ' if constrained else 'off'} n {r['n']:4d}  "
-                  f"valid {r['valid_rate']:6.1%}  AST {r['ast_accuracy']:6.1%}  "
-                  f"hit max_tokens {r['hit_max_tokens']:3d}  {r['seconds']:.0f} s", flush=True)
+            print(
+                f"{category.name:12s} grammar {'on ' if constrained else 'off'} n {r['n']:4d}  "
+                f"valid {r['valid_rate']:6.1%}  AST {r['ast_accuracy']:6.1%}  "
+                f"hit max_tokens {r['hit_max_tokens']:3d}  {r['seconds']:.0f} s",
+                flush=True,
+            )
     print_table(rows)
-    default = (args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT
-               and not args.ids)
+    default = (
+        args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT and not args.ids
+    )
     size = "ids" if args.ids else args.limit or "all"
     tag = "" if default else f"-{'-'.join(c.name for c in categories)}-n{size}"
     if args.constrained != "both":
         tag += f"-grammar-{args.constrained}"
-    save(f"tools{tag}", {
-        "model": Path(args.model).stem if Path(args.model).exists() else args.model,
-        "versions": {p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema")},
-        **code, "limit": args.limit, "ids": args.ids, "frequency_penalty": args.frequency_penalty,
-        "results": rows,
-        "peak_rss_mib": round(peak_rss_mib(), 1),
-        "workload": f"BFCL v4 entries in file order; greedy, frequency_penalty "
-                    f"{args.frequency_penalty}; tool_choice required (auto for irrelevance); "
-                    "max_tokens 256 (512 for parallel)",
-    })
+    save(
+        f"tools{tag}",
+        {
+            "model": Path(args.model).stem if Path(args.model).exists() else args.model,
+            "versions": {p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema")},
+            **code,
+            "limit": args.limit,
+            "ids": args.ids,
+            "frequency_penalty": args.frequency_penalty,
+            "results": rows,
+            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "workload": f"BFCL v4 entries in file order; greedy, frequency_penalty "
+            f"{args.frequency_penalty}; tool_choice required (auto for irrelevance); "
+            "max_tokens 256 (512 for parallel)",
+        },
+    )
 
 
 if __name__ == "__main__":

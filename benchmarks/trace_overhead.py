@@ -21,8 +21,24 @@ from common import save
 
 from pellucid import LLM, SamplingParams
 
-TOPICS = ["the sea", "a city", "music", "the moon", "bread", "rivers", "trains", "winter",
-          "a garden", "books", "the desert", "clocks", "birds", "mountains", "coffee", "rain"]
+TOPICS = [
+    "the sea",
+    "a city",
+    "music",
+    "the moon",
+    "bread",
+    "rivers",
+    "trains",
+    "winter",
+    "a garden",
+    "books",
+    "the desert",
+    "clocks",
+    "birds",
+    "mountains",
+    "coffee",
+    "rain",
+]
 
 
 @dataclass
@@ -34,20 +50,41 @@ class Run:
 
 
 def run_batch(llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool) -> Run:
-    plain = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
-                           max_tokens=tokens, ignore_eos=True)
-    traced = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
-                            max_tokens=tokens, ignore_eos=True, trace=True)
-    seqs = [llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
-            for i, p in enumerate(prompts)]
+    plain = SamplingParams(
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        min_p=0.05,
+        seed=0,
+        max_tokens=tokens,
+        ignore_eos=True,
+    )
+    traced = SamplingParams(
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        min_p=0.05,
+        seed=0,
+        max_tokens=tokens,
+        ignore_eos=True,
+        trace=True,
+    )
+    seqs = [
+        llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
+        for i, p in enumerate(prompts)
+    ]
     wall, cpu = time.perf_counter(), time.process_time()
     while llm.engine.has_unfinished():
         llm.engine.step()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     done = sum(len(s.output_ids) for s in seqs[1:])
     steps = seqs[0].trace.trace.steps if trace_one else []
-    return Run(done / wall, done / cpu, sum(s.trace_seconds for s in steps),
-               sum(s.seconds + s.trace_seconds for s in steps))
+    return Run(
+        done / wall,
+        done / cpu,
+        sum(s.trace_seconds for s in steps),
+        sum(s.seconds + s.trace_seconds for s in steps),
+    )
 
 
 def main() -> None:
@@ -59,29 +96,41 @@ def main() -> None:
     args = ap.parse_args()
 
     llm = LLM(args.model)
-    prompts = [llm.encode(f"Write a short poem about {TOPICS[i % len(TOPICS)]}.")
-               for i in range(args.batch)]
+    prompts = [
+        llm.encode(f"Write a short poem about {TOPICS[i % len(TOPICS)]}.")
+        for i in range(args.batch)
+    ]
     run_batch(llm, prompts, args.tokens, False)  # warm-up: both paths, full length
     run_batch(llm, prompts, args.tokens, True)
     pairs = []
     for _ in range(args.repeats):  # back-to-back pairs: a busy moment hits both sides alike
-        pairs.append((run_batch(llm, prompts, args.tokens, False),
-                      run_batch(llm, prompts, args.tokens, True)))
+        pairs.append(
+            (
+                run_batch(llm, prompts, args.tokens, False),
+                run_batch(llm, prompts, args.tokens, True),
+            )
+        )
     wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
     cpu = 1 - statistics.median(t.cpu_tok_s / p.cpu_tok_s for p, t in pairs)
     share = sum(t.recording_s for _, t in pairs) / sum(t.steps_s for _, t in pairs)
-    print(f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
-          f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
-          f"took {share:.2%} of the steps the traced request shared")
-    save("trace_overhead", {
-        "model": args.model,
-        "workload": f"{args.batch} requests x {args.tokens} sampled tokens, one traced "
-                    "(trace=True: tokens, stage top-k, timings, KV)",
-        "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
-        "median_paired_cost_wall": round(wall, 4),
-        "median_paired_cost_cpu": round(cpu, 4),
-        "recording_share_of_steps": round(share, 5),
-    })
+    print(
+        f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
+        f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
+        f"took {share:.2%} of the steps the traced request shared"
+    )
+    save(
+        "trace_overhead",
+        {
+            "model": args.model,
+            "workload": f"{args.batch} requests x {args.tokens} sampled tokens, one traced "
+            "(trace=True: tokens, stage top-k, timings, KV)",
+            "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
+            "median_paired_cost_wall": round(wall, 4),
+            "median_paired_cost_cpu": round(cpu, 4),
+            "recording_share_of_steps": round(share, 5),
+        },
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -44,7 +44,7 @@ def atomic_path(final: Path, *, folder: bool = False, durable: bool = False) -> 
 def _remove_orphans(final: Path) -> None:
     """Partial writes left by processes that were killed mid-write (a checkpoint under SIGKILL)."""
     for tmp in final.parent.glob(PARTIAL.format(final.name) + "*"):
-        pid = tmp.name[len(PARTIAL.format(final.name)):].removesuffix(final.suffix)
+        pid = tmp.name[len(PARTIAL.format(final.name)) :].removesuffix(final.suffix)
         if pid.isdigit() and not _alive(int(pid)):
             _remove(tmp)
 

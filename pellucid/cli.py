@@ -1,4 +1,5 @@
-"""The `pellucid` command: generate, chat, tokenize, models.
+"""The `pellucid` command: generate, chat, tokenize, models, and the commands of the packages
+below (serve, explain, agent, train...). For example:
 
     pellucid generate "The capital of France is" --temperature 0 --max-tokens 8
     pellucid chat
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pellucid", description="An LLM engine you can see through.")
+    parser = argparse.ArgumentParser(
+        prog="pellucid", description="An LLM engine you can see through."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="complete a prompt, streaming the text")
@@ -58,10 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     add_model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default loopback)"
+    )
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 "
-                       "(default: $PELLUCID_API_KEY, else no key)")
+    serve.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $PELLUCID_API_KEY, else no key)",
+    )
     serve.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     add_limit_args(serve)
     serve.set_defaults(run=run_serve)
@@ -75,31 +82,58 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int4"],
-                   help="float32: the reference; int4: the fast path (int4 weights, int8 LM head, "
-                        "bf16 activations)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step: ~1.8x faster decoding after a compile "
-                        "of 20-90 s (15-30 s once cached)")
+    p.add_argument(
+        "--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})"
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16", "int4"],
+        help="float32: the reference; int4: the fast path (int4 weights, int8 LM head, "
+        "bf16 activations)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step: ~1.8x faster decoding after a compile "
+        "of 20-90 s (15-30 s once cached)",
+    )
 
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:
     """What the server takes on, keeps and waits for (EngineConfig and ServerLimits)."""
     p.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded at once")
-    p.add_argument("--max-waiting", type=int, default=64,
-                   help="sequences queued behind those; more get HTTP 429 with Retry-After "
-                        "(0: refuse as soon as the batch is full, which keeps the time to "
-                        "first token of accepted requests low under overload)")
-    p.add_argument("--max-tokens-in-flight", type=int,
-                   help="prompt + max_tokens summed over the sequences held; more get 429 "
-                        "(default: no bound)")
-    p.add_argument("--queue-timeout", type=float, default=300.0,
-                   help="seconds a request may wait before its first step; then 503 (0: forever)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds that requests in flight get to finish")
-    p.add_argument("--prefix-cache-mib", type=int, default=256,
-                   help="KV of finished requests kept for prompts that share a prefix")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=64,
+        help="sequences queued behind those; more get HTTP 429 with Retry-After "
+        "(0: refuse as soon as the batch is full, which keeps the time to "
+        "first token of accepted requests low under overload)",
+    )
+    p.add_argument(
+        "--max-tokens-in-flight",
+        type=int,
+        help="prompt + max_tokens summed over the sequences held; more get 429 (default: no bound)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a request may wait before its first step; then 503 (0: forever)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, seconds that requests in flight get to finish",
+    )
+    p.add_argument(
+        "--prefix-cache-mib",
+        type=int,
+        default=256,
+        help="KV of finished requests kept for prompts that share a prefix",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -132,8 +166,9 @@ def sampling_params(args: argparse.Namespace):
 def load(args: argparse.Namespace):
     from pellucid.llm import LLM  # imported late so `pellucid --help` stays instant
 
-    return LLM(args.model, dtype=getattr(args, "dtype", "float32"),
-               compile=getattr(args, "compile", False))
+    return LLM(
+        args.model, dtype=getattr(args, "dtype", "float32"), compile=getattr(args, "compile", False)
+    )
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -234,10 +269,16 @@ def run_serve(args: argparse.Namespace) -> int:
         queue_timeout_s=args.queue_timeout or None,
         shutdown_timeout_s=args.shutdown_timeout,
     )
-    engine = EngineConfig(max_num_seqs=args.max_num_seqs,
-                          prefix_cache_bytes=args.prefix_cache_mib << 20)
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, engine=engine,
-              compile=args.compile)
+    engine = EngineConfig(
+        max_num_seqs=args.max_num_seqs, prefix_cache_bytes=args.prefix_cache_mib << 20
+    )
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        engine=engine,
+        compile=args.compile,
+    )
     if args.compile:
         print("Compiling the decode step (20-90 s the first time, then cached)...", file=sys.stderr)
         llm.warm_up()
@@ -245,8 +286,11 @@ def run_serve(args: argparse.Namespace) -> int:
     name = entry.name if entry is not None else llm.path.name
     api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")
     app = create_app(llm, api_key=api_key, model_name=name, limits=limits)
-    print(f"Serving {name} at http://{args.host}:{args.port}/v1"
-          f"{' (API key required)' if api_key else ''}", file=sys.stderr)
+    print(
+        f"Serving {name} at http://{args.host}:{args.port}/v1"
+        f"{' (API key required)' if api_key else ''}",
+        file=sys.stderr,
+    )
     serve(app, args.host, args.port)
     return 0
 
@@ -261,12 +305,21 @@ def add_explain_command(commands: argparse._SubParsersAction) -> None:
     ex.add_argument("--layer", type=int, help="attention layer to show (default: picked)")
     ex.add_argument("--head", type=int, help="attention head to show (default: picked)")
     ex.add_argument("--focus", help="prompt word whose attention is described (default: last)")
-    ex.add_argument("--compare-no-cache", action="store_true",
-                    help="generate again without the KV cache and report the slowdown")
-    ex.add_argument("--training", action="store_true",
-                    help="a few gradient steps on a sentence, on a copy of the weights")
-    ex.add_argument("--train-text", default="The capital of India is New Delhi.",
-                    help="the sentence --training learns")
+    ex.add_argument(
+        "--compare-no-cache",
+        action="store_true",
+        help="generate again without the KV cache and report the slowdown",
+    )
+    ex.add_argument(
+        "--training",
+        action="store_true",
+        help="a few gradient steps on a sentence, on a copy of the weights",
+    )
+    ex.add_argument(
+        "--train-text",
+        default="The capital of India is New Delhi.",
+        help="the sentence --training learns",
+    )
     ex.add_argument("--html", metavar="FILE", help="write one self-contained interactive page")
     ex.add_argument("--png", metavar="DIR", help="write plots (attention, timing, KV, odds)")
     ex.add_argument("--json", metavar="FILE", help="write the trace records as JSON")
@@ -280,9 +333,18 @@ def run_explain(args: argparse.Namespace) -> int:
 
     params = sampling_params(args)
     llm = load(args)
-    ex = explain(llm, args.prompt, params, layer=args.layer, head=args.head, focus=args.focus,
-                 chat=args.chat, compare_no_cache=args.compare_no_cache,
-                 training=args.training, train_text=args.train_text)
+    ex = explain(
+        llm,
+        args.prompt,
+        params,
+        layer=args.layer,
+        head=args.head,
+        focus=args.focus,
+        chat=args.chat,
+        compare_no_cache=args.compare_no_cache,
+        training=args.training,
+        train_text=args.train_text,
+    )
     render(ex, Console())
     if args.json:
         from pathlib import Path

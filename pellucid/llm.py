@@ -1,4 +1,5 @@
 """LLM: the Python API. Load a model, then generate, stream, chat or score text with it.
+In short:
 
     from pellucid import LLM, SamplingParams
     llm = LLM()                                    # SmolLM2-135M-Instruct from its package
@@ -43,8 +44,9 @@ class LLM:
         compile: bool = False,
     ):
         if dtype not in DTYPES and dtype != FAST_PATH:
-            raise ValueError(f"dtype must be one of {', '.join([*DTYPES, FAST_PATH])}, "
-                             f"got {dtype!r}")
+            raise ValueError(
+                f"dtype must be one of {', '.join([*DTYPES, FAST_PATH])}, got {dtype!r}"
+            )
         start = time.perf_counter()
         self.path = catalog.resolve(model)
         if dtype == FAST_PATH:
@@ -99,8 +101,10 @@ class LLM:
         if not isinstance(params, list):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; "
-                             "give one, or one per prompt")
+            raise ValueError(
+                f"got {len(params)} SamplingParams for {len(prompts)} prompts; "
+                "give one, or one per prompt"
+            )
         seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, params)]
         finals = _finals(self._steps())
         return [finals[s.request_id] for s in seqs]
@@ -109,12 +113,15 @@ class LLM:
         while self.engine.has_unfinished():
             yield from self.engine.step()
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
         """Yield one RequestOutput per generated token; `.delta` is the new text."""
         yield from self._stream_ids(self.encode(prompt), params or SamplingParams())
 
-    def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             **tool_options: Any) -> RequestOutput:
+    def chat(
+        self, messages: list[dict], params: SamplingParams | None = None, **tool_options: Any
+    ) -> RequestOutput:
         """Answer a conversation. With `tools=[...]` (OpenAI's format) the reply's calls are
         parsed into `.tool_calls`; see `chat_stream` for the options."""
         (final,) = _finals(self.chat_stream(messages, params, **tool_options)).values()
@@ -133,13 +140,19 @@ class LLM:
         """Stream a reply. tool_choice: "auto" | "none" | "required" | {"type": "function",
         "function": {"name": ...}}; calls always match the tools' schemas (a grammar sees to it).
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}."""
-        chat = prepare_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice,
-                            parallel_tool_calls=parallel_tool_calls,
-                            response_format=response_format)
+        chat = prepare_chat(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            response_format=response_format,
+        )
         params = params or SamplingParams()
         if chat.grammar is not None:
-            params = dataclasses.replace(params, grammar=chat.grammar,
-                                         grammar_close_margin=chat.close_margin)
+            params = dataclasses.replace(
+                params, grammar=chat.grammar, grammar_close_margin=chat.close_margin
+            )
         for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls

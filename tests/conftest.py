@@ -1,4 +1,10 @@
-"""Shared fixtures: each real model is loaded once per test session (loading Gemma takes ~15 s)."""
+"""Shared fixtures: each real model is loaded once per test session (loading Gemma takes ~15 s),
+and a tiny random-weight model for the fast tier.
+
+Tiers: `make test-fast` runs the tests not marked `slow`, in about a minute; `make test` runs
+all. A test is `slow` when it uses a real checkpoint (the fixtures in REAL_MODELS, marked here at
+collection) or starts processes (marked where it is written).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,56 @@ import pytest
 import torch
 
 from pellucid import LLM, catalog
+from pellucid.models import build_model
+from pellucid.models.config import ModelConfig
+from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
+from pellucid.train.hf_export import export_hf
+from pellucid.train.init import init_weights
 
 DATA = Path(__file__).parent / "data"
 torch.set_num_threads(2)
+REAL_MODELS = {
+    *("smollm2", "smollm2_short", "smollm2_path", "gemma3", "model_name", "any_llm"),
+    *("smollm2_tok", "gemma3_tok", "hf_folder_copies", "model"),  # test_tokenizer's
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_MODELS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+# A Llama of 2 layers with grouped K/V heads, random weights, byte-level tokens: every path of
+# the engine in milliseconds. Its outputs are meaningless; the tests compare paths with each other.
+TINY = ModelConfig(
+    arch="llama",
+    vocab_size=256,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    ffn_dim=128,
+    norm_eps=1e-5,
+    rope_theta=10_000.0,
+    context_length=512,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a Hugging Face folder, as a user would bring one."""
+    folder = tmp_path_factory.mktemp("tiny")
+    save_tokenizer(byte_tokenizer(), folder / "tokenizer")
+    model = build_model(TINY)
+    init_weights(model, torch.Generator().manual_seed(0))
+    return export_hf(model, folder / "tokenizer", folder / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_path: Path) -> LLM:
+    return LLM(tiny_path)
 
 
 def load_reference(name: str) -> dict:

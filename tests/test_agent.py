@@ -61,12 +61,14 @@ def test_tool_timeouts_become_observations(smollm2: LLM) -> None:
 
     run = Agent(smollm2, [lookup], tool_timeout_s=0.2, max_turns=2).run("Look up Ada.")
     first = run.turns[0].tool_runs
-    assert first and all(not r.ok and r.output == "error: lookup did not finish in 0.2 s"
-                         for r in first)
+    assert first and all(
+        not r.ok and r.output == "error: lookup did not finish in 0.2 s" for r in first
+    )
     assert run.turns[-1].tool_choice == "none"  # the last turn must answer
     assert "did not finish" in run.turns[-1].prompt  # the model read the error
 
 
+@pytest.mark.slow  # `pellucid agent` in its own process, loading SmolLM2
 def test_agent_cli_prints_the_steps(tmp_path, capsys) -> None:
     trace = tmp_path / "run.json"
     code = main(["agent", QUESTION, "--tools", "calculator,search", "--json", str(trace)])

@@ -6,11 +6,19 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test starts `pellucid` and loads SmolLM2
+
 
 def pellucid(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pellucid", *args],
-        input=stdin, capture_output=True, text=True, timeout=300, check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -41,8 +49,11 @@ def test_tokenize_json_parses_special_tokens():
 
 
 def test_errors_are_one_line_and_nonzero():
-    for args in (["generate", ""], ["generate", "hi", "--model", "no-such-model"],
-                 ["generate", "hi", "--top-p", "2"]):
+    for args in (
+        ["generate", ""],
+        ["generate", "hi", "--model", "no-such-model"],
+        ["generate", "hi", "--top-p", "2"],
+    ):
         r = pellucid(*args)
         assert r.returncode == 1
         assert r.stderr.startswith("pellucid: error: ") and r.stderr.count("\n") == 1

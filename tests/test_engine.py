@@ -37,40 +37,52 @@ def run(llm, prompts: list[list[int]], config: EngineConfig) -> tuple[list[list[
     return [s.output_ids for s in seqs], engine
 
 
-@pytest.fixture(scope="module")
-def prompts(smollm2) -> list[list[int]]:
-    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,",
-             "Water boils at a temperature of", "The quick brown fox jumps over the lazy dog. " * 6]
-    return [smollm2.encode(t) for t in texts]
+@pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def llm(request):
+    """The tiny random model (fast tier) and SmolLM2 (a real one)."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2, prompts) -> list[list[int]]:
-    return [reference_greedy(smollm2.model, p) for p in prompts]
+def prompts(llm) -> list[list[int]]:
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "1, 2, 3, 4,",
+        "Water boils at a temperature of",
+        "The quick brown fox jumps over the lazy dog. " * 6,
+    ]
+    return [llm.encode(t) for t in texts]
 
 
-def test_alone(smollm2, prompts, expected):
+@pytest.fixture(scope="module")
+def expected(llm, prompts) -> list[list[int]]:
+    return [reference_greedy(llm.model, p) for p in prompts]
+
+
+def test_alone(llm, prompts, expected):
     for p, want in zip(prompts, expected):
-        assert run(smollm2, [p], EngineConfig())[0] == [want]
+        assert run(llm, [p], EngineConfig())[0] == [want]
 
 
-def test_batched(smollm2, prompts, expected):
-    assert run(smollm2, prompts, EngineConfig())[0] == expected
+def test_batched(llm, prompts, expected):
+    assert run(llm, prompts, EngineConfig())[0] == expected
 
 
-def test_chunked_prefill(smollm2, prompts, expected):
-    out, _ = run(smollm2, prompts, EngineConfig(block_size=4, max_num_batched_tokens=7))
+def test_chunked_prefill(llm, prompts, expected):
+    out, _ = run(llm, prompts, EngineConfig(block_size=4, max_num_batched_tokens=7))
     assert out == expected
 
 
-def test_preemption(smollm2, prompts, expected):
+def test_preemption(llm, prompts, expected):
     short = prompts[:4]
     at_admission = sum(blocks_of_4(len(p)) for p in short)
-    at_the_end = sum(blocks_of_4(len(p) + N_NEW) for p in short)
+    # the last sampled token's K/V is never written: its sequence ends before the step that would
+    at_the_end = sum(blocks_of_4(len(p) + N_NEW - 1) for p in short)
     assert at_admission < at_the_end - 2  # all start together, then outgrow the pool
-    per_token = smollm2.model.cfg.kv_bytes_per_token(4)
+    per_token = llm.model.cfg.kv_bytes_per_token(4)
     config = EngineConfig(block_size=4, kv_cache_bytes=per_token * 4 * (at_the_end - 2))
-    out, engine = run(smollm2, short, config)
+    out, engine = run(llm, short, config)
     assert engine.scheduler.num_preemptions > 0
     assert out == expected[:4]
 
@@ -79,19 +91,19 @@ def blocks_of_4(n_tokens: int) -> int:
     return -(-n_tokens // 4)
 
 
-def test_prefix_cache_hit(smollm2, prompts, expected):
-    engine = LLMEngine(smollm2.model, smollm2.tokenizer, smollm2.kv_dtype, EngineConfig(block_size=4))
+def test_prefix_cache_hit(llm, prompts, expected):
+    engine = LLMEngine(llm.model, llm.tokenizer, llm.kv_dtype, EngineConfig(block_size=4))
     shared = prompts[4]  # a long prompt: run it, then a second request extending it
     first = engine.add_request(shared, GREEDY)
     while engine.has_unfinished():
         engine.step()
-    longer = shared + smollm2.encode(" And then")
+    longer = shared + llm.encode(" And then")
     second = engine.add_request(longer, GREEDY)
     while engine.has_unfinished():
         engine.step()
     assert first.output_ids == expected[4]
     assert second.num_cached >= len(shared) - 4  # all full blocks of the shared prompt hit
-    assert second.output_ids == reference_greedy(smollm2.model, longer)
+    assert second.output_ids == reference_greedy(llm.model, longer)
 
 
 def test_gemma_sliding_window_chunked_and_batched(gemma3, reference_gemma3):
@@ -100,8 +112,10 @@ def test_gemma_sliding_window_chunked_and_batched(gemma3, reference_gemma3):
     short_prompt = reference_gemma3["prompts"][0]["token_ids"]
     config = EngineConfig(block_size=16, max_num_batched_tokens=128)
     out, _ = run(gemma3, [long_prompt, short_prompt], config)
-    assert out == [reference_greedy(gemma3.model, long_prompt),
-                   reference_greedy(gemma3.model, short_prompt)]
+    assert out == [
+        reference_greedy(gemma3.model, long_prompt),
+        reference_greedy(gemma3.model, short_prompt),
+    ]
 
 
 def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, prompts):
@@ -132,8 +146,7 @@ def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, promp
     # norm's epsilon): it must get its own graph, not reuse the first model's.
     other = build_model(dataclasses.replace(cfg, norm_eps=1.0)).eval().requires_grad_(False)
     other.load_state_dict(model.state_dict())
-    tiny_other = SimpleNamespace(model=other, tokenizer=smollm2.tokenizer,
-                                 kv_dtype=torch.float32)
+    tiny_other = SimpleNamespace(model=other, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
     expected_other = [reference_greedy(other, p) for p in prompts]
     assert expected_other != expected
     assert run(tiny_other, prompts, EngineConfig(compile=True, block_size=4))[0] == expected_other

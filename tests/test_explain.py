@@ -17,16 +17,23 @@ from pellucid.trace.html import render_html, write_html
 from pellucid.trace.plots import write_plots
 from pellucid.trace.terminal import render
 
-SECTIONS = ["Tokenization", "Pre-fill", "Attention", "KV cache", "autoregressive loop",
-            "Final output", "Without the KV cache"]
+SECTIONS = [
+    "Tokenization",
+    "Pre-fill",
+    "Attention",
+    "KV cache",
+    "autoregressive loop",
+    "Final output",
+    "Without the KV cache",
+]
 
 
 @pytest.fixture(scope="module")
 def explained(smollm2):
-    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
-                            max_tokens=4)
-    return explain(smollm2, "The bank is near the river", params, focus="bank",
-                   compare_no_cache=True)
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0, max_tokens=4)
+    return explain(
+        smollm2, "The bank is near the river", params, focus="bank", compare_no_cache=True
+    )
 
 
 def test_terminal_walks_through_in_the_seeds_order(explained):
@@ -71,8 +78,15 @@ def test_training_lowers_the_loss_on_a_copy(smollm2):
 def test_png_plots(explained, tmp_path):
     paths = write_plots(explained, tmp_path)
     names = {p.stem for p in paths}
-    assert {"attention", "attention_heads", "timing", "kv_cache", "probabilities", "stages",
-            "no_cache"} <= names
+    assert {
+        "attention",
+        "attention_heads",
+        "timing",
+        "kv_cache",
+        "probabilities",
+        "stages",
+        "no_cache",
+    } <= names
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -82,14 +96,26 @@ def test_html_is_self_contained(explained):
     assert "__TRACE_JSON__" not in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # no network at all
     assert "@import" not in page and "fetch(" not in page
-    data = re.search(r'<script id="trace-data" type="application/json">(.*?)</script>', page,
-                     re.DOTALL).group(1)
+    data = re.search(
+        r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.DOTALL
+    ).group(1)
     assert json.loads(data)["trace"]["tokenization"]["tokens"][1]["piece"] == " bank"
 
 
 def test_cli_explain_arguments():
-    args = build_parser().parse_args(["explain", "Hi there", "--compare-no-cache", "--html",
-                                      "r.html", "--png", "plots", "--focus", "there"])
+    args = build_parser().parse_args(
+        [
+            "explain",
+            "Hi there",
+            "--compare-no-cache",
+            "--html",
+            "r.html",
+            "--png",
+            "plots",
+            "--focus",
+            "there",
+        ]
+    )
     assert args.run is run_explain and args.max_tokens == 16 and args.seed == 0
     assert args.compare_no_cache and args.html == "r.html" and args.png == "plots"
 
@@ -105,8 +131,14 @@ def test_html_report_in_headless_chromium(explained, tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 1600})
-            page.route("**/*", lambda route: route.abort() if not route.request.url.startswith(
-                "file:") else route.continue_())  # prove it works offline
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.abort()
+                    if not route.request.url.startswith("file:")
+                    else route.continue_()
+                ),
+            )  # prove it works offline
             page.goto(path.as_uri())
             generated = page.locator("#tokens .tok.gen")
             assert generated.count() == len(explained.trace.steps)

@@ -32,7 +32,10 @@ def test_batch_of_prompts_keeps_order(smollm2):
 
 def test_each_prompt_can_have_its_own_params(smollm2):
     prompts = ["The capital of France is", "1, 2, 3, 4,"]
-    params = [SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=0, max_tokens=7)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=3),
+        SamplingParams(temperature=0, max_tokens=7),
+    ]
     together = smollm2.generate(prompts, params)
     alone = [smollm2.generate(p, sp)[0] for p, sp in zip(prompts, params)]
     assert [len(o.token_ids) for o in together] == [3, 7]
@@ -68,7 +71,9 @@ def test_stop_string_never_appears(smollm2):
 
 
 def test_stop_token_ids_and_eos(smollm2):
-    eos_reply = smollm2.chat([{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0))
+    eos_reply = smollm2.chat(
+        [{"role": "user", "content": "Say hi."}], SamplingParams(temperature=0)
+    )
     assert eos_reply.finish_reason == "stop"  # the instruct model ends its turn by itself
     assert "<|im_end|>" not in eos_reply.text
     free = smollm2.generate("1, 2, 3,", SamplingParams(temperature=0, max_tokens=4))[0]

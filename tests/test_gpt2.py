@@ -22,8 +22,18 @@ from tests.test_train import tiny_config, tiny_text
 
 def random_gpt2(bias: bool, act: str, seed: int = 0) -> torch.nn.Module:
     cfg = ModelConfig(
-        arch="gpt2", vocab_size=67, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=16,
-        ffn_dim=256, norm_eps=1e-5, rope_theta=0.0, context_length=32, attn_bias=bias,
+        arch="gpt2",
+        vocab_size=67,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        head_dim=16,
+        ffn_dim=256,
+        norm_eps=1e-5,
+        rope_theta=0.0,
+        context_length=32,
+        attn_bias=bias,
         hidden_act=act,
     )
     model = build_model(cfg)
@@ -85,7 +95,7 @@ def test_trains_and_the_engine_serves_it(trained: tuple[Trainer, Path]):
     with torch.no_grad():
         for _ in range(12):
             seq.append(int(trainer.model(torch.tensor([seq]))[0, -1].argmax()))
-    assert out == seq[len(ids):]
+    assert out == seq[len(ids) :]
 
 
 def test_prompt_over_learned_positions_is_refused(trained: tuple[Trainer, Path]):
@@ -104,13 +114,23 @@ def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path, tokenizer:
 
     (tmp_path / "t.txt").write_text(tiny_text(3000))
     if tokenizer == "bpe":
-        main(["tokenizer", "train", str(tmp_path / "t.txt"), "--vocab-size", "300",
-              "--out", str(tmp_path / "bpe")])
+        main(
+            [
+                "tokenizer",
+                "train",
+                str(tmp_path / "t.txt"),
+                "--vocab-size",
+                "300",
+                "--out",
+                str(tmp_path / "bpe"),
+            ]
+        )
         tokenizer = str(tmp_path / "bpe")
     prepare([str(tmp_path / "t.txt")], tokenizer, tmp_path / "data")
     trainer = Trainer(
-        tiny_config(tmp_path / "data", tmp_path / "run", arch="gpt2", max_iters=30, bias=True,
-                    block_size=32),
+        tiny_config(
+            tmp_path / "data", tmp_path / "run", arch="gpt2", max_iters=30, bias=True, block_size=32
+        ),
         verbose=False,
     )
     trainer.run()

@@ -14,7 +14,8 @@ ROOT = Path(__file__).parent.parent
 
 def test_import_contracts_are_kept() -> None:
     lint = Path(sys.executable).parent / "lint-imports"
-    run = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
-                         check=False)
+    run = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert run.stdout.count(" KEPT") == 3, run.stdout[-2000:]

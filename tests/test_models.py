@@ -20,7 +20,9 @@ def test_logits_match_hf(any_llm, reference):
             hf, row = pos["hf"], logits[pos["position"]]
             ours = row[hf["top_ids"]]
             assert torch.allclose(ours, torch.tensor(hf["top_logits"]), atol=1e-3, rtol=0), (
-                prompt["name"], pos["position"])
+                prompt["name"],
+                pos["position"],
+            )
             assert abs(row.double().logsumexp(0).item() - hf["logsumexp"]) < 1e-3
             assert row.argmax().item() == hf["top_ids"][0]
 

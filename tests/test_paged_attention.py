@@ -35,10 +35,12 @@ def test_compiled_decode_attention_equals_eager(cache_dtype, window, lens):
     batch = _decode_batch(list(range(len(lens))), tables, lens, BLOCK)
     q = torch.randn(len(lens), n_heads, head_dim)  # float32 whatever the cache: as in the model
 
-    eager = decode_attention(q, k_cache, v_cache, batch.block_tables,
-                             padded_mask(batch, window, BLOCK), 0.25)
-    compiled = torch.compile(decode_attention_by_block, dynamic=True)(q, k_cache, v_cache, batch,
-                                                                      window, 0.25)
+    eager = decode_attention(
+        q, k_cache, v_cache, batch.block_tables, padded_mask(batch, window, BLOCK), 0.25
+    )
+    compiled = torch.compile(decode_attention_by_block, dynamic=True)(
+        q, k_cache, v_cache, batch, window, 0.25
+    )
     assert compiled.shape == eager.shape == (len(lens), n_heads, head_dim)
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
 

@@ -146,7 +146,8 @@ def test_one_row_through_fbgemm_is_the_int8_product_with_8_bit_activations():
     assert torch.equal(layer(x), several)
 
     # dynamo traces the call as one op, with no graph break around fbgemm's packed matrix
-    explained = torch._dynamo.explain(lambda row: layer(row) * 2)(x[:1])
+    # (a closure, not a default argument: `del layer` below must free the last reference)
+    explained = torch._dynamo.explain(lambda row: layer(row) * 2)(x[:1])  # noqa: F821
     assert explained.graph_break_count == 0 and explained.graph_count == 1
 
     key = layer.fbgemm_key  # the packed copy goes with its layer
@@ -177,8 +178,9 @@ def test_fast_path_generates_the_same_text_alone_and_batched(smollm2_int4):
     assert "Paris" in alone[0]
 
 
-def test_packed_weights_are_cached_and_loaded_without_the_float_model(tmp_path, smollm2_path,
-                                                                       monkeypatch):
+def test_packed_weights_are_cached_and_loaded_without_the_float_model(
+    tmp_path, smollm2_path, monkeypatch
+):
     monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "model.gguf"
     shutil.copy(smollm2_path, gguf)

@@ -62,13 +62,31 @@ def test_params_accept_a_single_stop_string_and_top_k_minus_one():
     assert SamplingParams(temperature=0).is_greedy
 
 
-@pytest.mark.parametrize("field, value", [
-    ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -1), ("temperature", math.nan),
-    ("temperature", math.inf), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("top_k", 2.5),
-    ("min_p", -0.1), ("min_p", 1.1), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
-    ("presence_penalty", 2.5), ("frequency_penalty", -2.1), ("seed", "42"), ("stop", [""]),
-    ("stop_token_ids", [-1]), ("logprobs", -1), ("logprobs", True),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", 0),
+        ("max_tokens", 1.5),
+        ("temperature", -1),
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("top_k", 2.5),
+        ("min_p", -0.1),
+        ("min_p", 1.1),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.1),
+        ("seed", "42"),
+        ("stop", [""]),
+        ("stop_token_ids", [-1]),
+        ("logprobs", -1),
+        ("logprobs", True),
+    ],
+)
 def test_params_reject_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
@@ -86,10 +104,14 @@ def test_apply_penalties_by_the_documented_formulas():
     logits = torch.tensor([[2.0, -1.0, 0.5, -3.0, 1.0]]).repeat(3, 1)
     seen = torch.tensor([[True, True, True, True, False]]).repeat(3, 1)  # prompt 0, 1; output 2, 3
     counts = torch.tensor([[0, 0, 2, 1, 0]]).repeat(3, 1)
-    out = apply_penalties(logits, seen, counts,
-                          repetition=torch.tensor([2.0, 1.0, 1.0]),
-                          presence=torch.tensor([0.25, 0.0, -0.5]),
-                          frequency=torch.tensor([0.5, 0.0, 0.0]))
+    out = apply_penalties(
+        logits,
+        seen,
+        counts,
+        repetition=torch.tensor([2.0, 1.0, 1.0]),
+        presence=torch.tensor([0.25, 0.0, -0.5]),
+        frequency=torch.tensor([0.5, 0.0, 0.0]),
+    )
     # row 0: 2/2; -1*2; 0.5/2 - 0.5*2 - 0.25; -3*2 - 0.5*1 - 0.25; unseen token untouched
     assert out[0].tolist() == [1.0, -2.0, -1.0, -6.75, 1.0]
     assert out[1].tolist() == logits[1].tolist()  # neutral params change nothing
@@ -138,6 +160,13 @@ def test_top_p_one_keeps_tokens_float32_rounds_away():
     assert kept(top_p_mask(logits, torch.tensor([1.0])))[0] == {0, 1, 2}
 
 
+def test_top_p_below_float32_keeps_the_most_likely_token():
+    # 5e-324 (valid in the API: in (0, 1]) is 0.0 in float32, where every mass_before "reaches" it
+    # (found by the server's schema fuzzing: an all -inf row, a NaN probability in the trace)
+    out = top_p_mask(LOGITS.repeat(2, 1), torch.tensor([5e-324, 0.0]))
+    assert kept(out) == [{1}, {1}]
+
+
 def test_min_p_mask_keeps_tokens_above_fraction_of_max():
     # p_max = 0.5; thresholds 0.1, 0.25, 0.35, 0
     out = min_p_mask(LOGITS.repeat(4, 1), torch.tensor([0.2, 0.5, 0.7, 0.0]))
@@ -162,8 +191,9 @@ def test_greedy_is_argmax_with_first_index_on_ties():
 
 def test_greedy_rows_stay_argmax_in_a_sampling_batch():
     logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(5))
-    states = [SamplerState(SamplingParams(temperature=0 if i % 2 else 1.5), [], 100)
-              for i in range(64)]
+    states = [
+        SamplerState(SamplingParams(temperature=0 if i % 2 else 1.5), [], 100) for i in range(64)
+    ]
     out = sample(logits, states).token_ids
     assert out[1::2].tolist() == logits[1::2].argmax(-1).tolist()
     assert out[0::2].tolist() != logits[0::2].argmax(-1).tolist()  # the others really sample
@@ -208,8 +238,10 @@ def run_steps(logit_steps: torch.Tensor, row: int, states: list[SamplerState]) -
 
 def test_seeded_rows_repeat_and_seeds_differ():
     logit_steps = torch.randn(30, 1, 1000, generator=torch.Generator().manual_seed(2))
+
     def tokens(seed: int) -> list[int]:
         return run_steps(logit_steps, 0, [SamplerState(SamplingParams(seed=seed), [], 1000)])
+
     assert tokens(1234) == tokens(1234)
     assert tokens(1234) != tokens(1235)
 
@@ -217,11 +249,21 @@ def test_seeded_rows_repeat_and_seeds_differ():
 def test_seeded_row_ignores_the_rest_of_the_batch():
     vocab_size = 200
     logit_steps = torch.randn(20, 4, vocab_size, generator=torch.Generator().manual_seed(3))
-    target = SamplingParams(seed=7, temperature=0.8, top_k=50, top_p=0.9, min_p=0.01,
-                            repetition_penalty=1.3, frequency_penalty=0.5)
+    target = SamplingParams(
+        seed=7,
+        temperature=0.8,
+        top_k=50,
+        top_p=0.9,
+        min_p=0.01,
+        repetition_penalty=1.3,
+        frequency_penalty=0.5,
+    )
     alone = run_steps(logit_steps[:, 2:3], 0, [SamplerState(target, [5, 6], vocab_size)])
-    others = [SamplingParams(), SamplingParams(temperature=0),
-              SamplingParams(seed=99, presence_penalty=1.0)]  # top_k off: the full-V path
+    others = [
+        SamplingParams(),
+        SamplingParams(temperature=0),
+        SamplingParams(seed=99, presence_penalty=1.0),
+    ]  # top_k off: the full-V path
     batch = [SamplerState(p, [1], vocab_size) for p in others]
     batch.insert(2, SamplerState(target, [5, 6], vocab_size))
     torch.manual_seed(123)  # the unseeded row's draws must not matter either
@@ -253,11 +295,14 @@ def test_top_k_support_over_many_draws():
     assert set(draw(logits, SamplingParams(top_k=-1), 4000).tolist()) == set(range(8))
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(top_k=3, top_p=0.8),  # top-3 {1, 3, 2} renormalized: 0.53, 0.32, 0.16
-    SamplingParams(top_p=0.75),  # the full-vocabulary path
-    SamplingParams(min_p=0.5),  # threshold 0.25
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(top_k=3, top_p=0.8),  # top-3 {1, 3, 2} renormalized: 0.53, 0.32, 0.16
+        SamplingParams(top_p=0.75),  # the full-vocabulary path
+        SamplingParams(min_p=0.5),  # threshold 0.25
+    ],
+)
 def test_filtered_frequencies_are_renormalized(params):
     freq = frequencies(draw(LOGITS, params, 10_000), 4)
     assert (freq - torch.tensor([0.0, 0.625, 0.0, 0.375])).abs().max() < 0.025
@@ -268,8 +313,11 @@ def test_filtered_frequencies_are_renormalized(params):
 
 def test_logprobs_come_from_the_raw_distribution():
     logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
-    params = [SamplingParams(logprobs=2, temperature=0.5, repetition_penalty=1.5, seed=1),
-              SamplingParams(), SamplingParams(logprobs=0, temperature=0)]
+    params = [
+        SamplingParams(logprobs=2, temperature=0.5, repetition_penalty=1.5, seed=1),
+        SamplingParams(),
+        SamplingParams(logprobs=0, temperature=0),
+    ]
     out = sample(logits, [SamplerState(p, [0, 1, 2], 20) for p in params])
     raw = logits - logits.exp().sum(-1, keepdim=True).log()  # log softmax, written out
     torch.testing.assert_close(out.logprobs, raw.gather(1, out.token_ids[:, None]).squeeze(1))
@@ -291,8 +339,8 @@ def test_wrong_vocab_or_prompt_ids_raise_value_error():
 def test_plain_rows_skip_penalties_and_filters(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("called on the fast path")
-    for name in ("apply_penalties", "apply_temperature", "top_k_mask", "top_p_mask",
-                 "min_p_mask"):
+
+    for name in ("apply_penalties", "apply_temperature", "top_k_mask", "top_p_mask", "min_p_mask"):
         monkeypatch.setattr(sampler_module, name, forbidden)
     logits = torch.randn(3, 10)
     plain = [SamplerState(SamplingParams(seed=0), [], 10)] * 3

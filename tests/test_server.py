@@ -94,8 +94,9 @@ def alone(server: Running, llm: LLM, messages: list[dict], max_tokens: int) -> s
 def metric(server: Running, name: str, label: str = "") -> float:
     """A value from /metrics; a labelled counter that has never counted reads 0."""
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    match = re.search(rf"^pellucid:{name}(?:_total)?\{{[^}}]*{label}[^}}]*\}} (\S+)$", text,
-                      re.MULTILINE)
+    match = re.search(
+        rf"^pellucid:{name}(?:_total)?\{{[^}}]*{label}[^}}]*\}} (\S+)$", text, re.MULTILINE
+    )
     if match is None and label:
         return 0.0
     assert match, f"{name} not in /metrics"
@@ -364,8 +365,13 @@ def limited(server: Running, max_sequences: int | None = None, **limits: object)
 def held_stream(server: Running, max_tokens: int = 300) -> Iterator[None]:
     """A streaming request that keeps decoding while the test runs, then is dropped."""
     headers = {"Authorization": f"Bearer {KEY}"}
-    body = {"model": MODEL, "messages": HELLO, "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.stream(
         "POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
     ) as held:
@@ -505,6 +511,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_frees_the_kv_cache(server: 
 
 
 # --- fuzzing -------------------------------------------------------------------------------
+@pytest.mark.slow  # loads SmolLM2 for its own server
 def test_fuzzing_the_openapi_schema_finds_no_server_error() -> None:
     """schemathesis generates valid and invalid requests from /openapi.json: none may get a 5xx.
     A 48-token context keeps every generation short (a chat prompt alone takes ~35 tokens of it)

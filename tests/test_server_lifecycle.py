@@ -26,9 +26,11 @@ import httpx
 import openai
 import pytest
 
+pytestmark = pytest.mark.slow  # a `pellucid serve` process and hundreds of requests
+
 MODEL = "smollm2-135m"
 WARMUP, MEASURED = 40, 160  # requests before the first reading, and between the two readings
-WORDS = "river stone cloud lamp orbit maple violet copper harbor falcon meadow quartz".split()
+WORDS = ["river", "stone", "cloud", "lamp", "orbit", "maple", "violet", "copper", "harbor"]
 
 
 @dataclass
@@ -48,8 +50,20 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    command = [sys.executable, "-m", "pellucid", "serve", "--model", MODEL, "--port", str(port),
-               "--prefix-cache-mib", "16", "--shutdown-timeout", "4"]
+    command = [
+        sys.executable,
+        "-m",
+        "pellucid",
+        "serve",
+        "--model",
+        MODEL,
+        "--port",
+        str(port),
+        "--prefix-cache-mib",
+        "16",
+        "--shutdown-timeout",
+        "4",
+    ]
     with open(log, "w") as err:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
     server = Served(proc, f"http://127.0.0.1:{port}", log)
@@ -74,8 +88,9 @@ def one_request(client: openai.OpenAI, i: int) -> None:
     text = f"Request {i}: " + " ".join(rng.choice(WORDS) for _ in range(24))
     messages = [{"role": "user", "content": text}]
     if i % 3 == 0:
-        stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3,
-                                                stream=True)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=3, stream=True
+        )
         assert [c for c in stream if c.choices and c.choices[0].finish_reason]
     elif i % 3 == 1:
         assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3).choices
@@ -100,11 +115,17 @@ def test_resident_memory_levels_off_over_hundreds_of_requests(served: Served) ->
     )
 
 
-def stream_events(url: str, max_tokens: int, events: list[dict | str], started: threading.Event
-                  ) -> None:
+def stream_events(
+    url: str, max_tokens: int, events: list[dict | str], started: threading.Event
+) -> None:
     """Read one streamed chat completion into `events` (parsed JSON, or "[DONE]")."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
-            "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():

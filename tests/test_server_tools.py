@@ -21,8 +21,10 @@ WEATHER = {
         "description": "Current weather in a city.",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string"},
-                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
             "required": ["city", "unit"],
         },
     },
@@ -32,8 +34,11 @@ CALC = {
     "function": {
         "name": "calculator",
         "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
 }
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
@@ -59,9 +64,15 @@ def _check_call(call, tool: dict) -> dict:
 
 
 def test_required_tool_choice_gives_a_valid_call(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, CALC],
-                                       tool_choice="required", temperature=0, max_tokens=80,
-                                       parallel_tool_calls=False)
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, CALC],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=80,
+        parallel_tool_calls=False,
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert len(choice.message.tool_calls) == 1
@@ -72,15 +83,27 @@ def test_required_tool_choice_gives_a_valid_call(client: openai.OpenAI) -> None:
 
 def test_named_tool_choice_calls_that_function(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model=MODEL, messages=ASK, tools=[WEATHER, CALC], temperature=0, max_tokens=80,
-        tool_choice={"type": "function", "function": {"name": "calculator"}})
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, CALC],
+        temperature=0,
+        max_tokens=80,
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+    )
     for call in r.choices[0].message.tool_calls:
         _check_call(call, CALC)
 
 
 def test_streamed_tool_calls_equal_the_whole_answer(client: openai.OpenAI) -> None:
-    kwargs = {"model": MODEL, "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
-              "temperature": 0, "max_tokens": 80, "parallel_tool_calls": False}
+    kwargs = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 80,
+        "parallel_tool_calls": False,
+    }
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
     calls: dict[int, dict] = {}
     finish = None
@@ -94,45 +117,81 @@ def test_streamed_tool_calls_equal_the_whole_answer(client: openai.OpenAI) -> No
             finish = chunk.choices[0].finish_reason
     assert finish == "tool_calls"
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
-        (w.function.name, json.loads(w.function.arguments)) for w in whole]
+        (w.function.name, json.loads(w.function.arguments)) for w in whole
+    ]
 
 
 def test_tool_results_go_back_to_the_model(client: openai.OpenAI) -> None:
-    messages = [*ASK,
-                {"role": "assistant", "content": None, "tool_calls": [{
-                    "id": "call_1", "type": "function",
-                    "function": {"name": "get_weather",
-                                 "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"}]
-    r = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER],
-                                       tool_choice="none", temperature=0, max_tokens=30)
+    messages = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "celsius"}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"},
+    ]
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=30,
+    )
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
 def test_response_format_json_schema(client: openai.OpenAI) -> None:
     # Bounded: an integer's digits are otherwise unlimited, and greedy 135M output repeats them.
     population = {"type": "integer", "minimum": 0, "maximum": 10**9}
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
-                                               "population": population},
-              "required": ["city", "population"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 40}, "population": population},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
     r = client.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=100,
+        model=MODEL,
+        temperature=0,
+        max_tokens=100,
         messages=[{"role": "user", "content": "Describe Paris as JSON."}],
-        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     r = client.chat.completions.create(
-        model=MODEL, temperature=0, max_tokens=60, response_format={"type": "json_object"},
-        messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+        model=MODEL,
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+    )
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
-@pytest.mark.parametrize("bad", [
-    {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-    {"tool_choice": "required"},
-    {"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "nonsense"}}}],
-     "tool_choice": "required"},
-    {"response_format": {"type": "json_schema"}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        {"tool_choice": "required"},
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "x", "parameters": {"type": "nonsense"}}}
+            ],
+            "tool_choice": "required",
+        },
+        {"response_format": {"type": "json_schema"}},
+    ],
+)
 def test_bad_tool_requests_are_400(client: openai.OpenAI, bad: dict) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5, **bad)
@@ -153,10 +212,12 @@ def test_smolagents_completes_a_tool_task(server: Running) -> None:
         asked.append(country)
         return {"France": "Paris"}.get(country, "unknown")
 
-    model = smolagents.OpenAIModel(model_id=MODEL, api_base=server.url + "/v1", api_key=KEY,
-                                   temperature=0, max_tokens=120)
-    agent = smolagents.ToolCallingAgent(tools=[capital_of], model=model, max_steps=4,
-                                        verbosity_level=0)
+    model = smolagents.OpenAIModel(
+        model_id=MODEL, api_base=server.url + "/v1", api_key=KEY, temperature=0, max_tokens=120
+    )
+    agent = smolagents.ToolCallingAgent(
+        tools=[capital_of], model=model, max_steps=4, verbosity_level=0
+    )
     answer = agent.run("What is the capital of France?")
     assert "France" in asked  # smolagents parsed our tool_calls and ran the tool
     steps = [s for s in agent.memory.steps if getattr(s, "tool_calls", None)]

@@ -21,14 +21,32 @@ from pellucid.structured import (
 from pellucid.structured.grammars import MAX_PARALLEL_CALLS
 from pellucid.structured.tool_prompt import messages_with_tools
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "unit"]}}}
-CALC = {"type": "function", "function": {
-    "name": "calculator", "parameters": {"type": "object", "properties": {
-        "expression": {"type": "string"}}, "required": ["expression"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
 
 
 def test_unpack_bitmask_matches_the_bits() -> None:
@@ -84,7 +102,9 @@ def test_named_choice_and_errors() -> None:
 
 
 def test_generation_follows_the_grammar(smollm2: LLM) -> None:
-    params = SamplingParams(temperature=1.0, seed=3, max_tokens=20, grammar="start: /[0-9]{3}-[a-z]{2}/")
+    params = SamplingParams(
+        temperature=1.0, seed=3, max_tokens=20, grammar="start: /[0-9]{3}-[a-z]{2}/"
+    )
     for out in smollm2.generate(["My code is", "Write anything:"], params):
         assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.text), out.text
         assert out.finish_reason == "stop" and out.forced is not None
@@ -95,9 +115,13 @@ def test_generation_follows_the_grammar(smollm2: LLM) -> None:
 def test_chat_with_required_tools_returns_valid_calls(smollm2: LLM) -> None:
     import jsonschema
 
-    out = smollm2.chat([{"role": "user", "content": "Weather in Oslo?"}],
-                       SamplingParams(temperature=0, max_tokens=60), tools=[WEATHER],
-                       tool_choice="required", parallel_tool_calls=False)
+    out = smollm2.chat(
+        [{"role": "user", "content": "Weather in Oslo?"}],
+        SamplingParams(temperature=0, max_tokens=60),
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
     assert len(out.tool_calls) == 1 and out.tool_calls[0].name == "get_weather"
     jsonschema.validate(out.tool_calls[0].args, WEATHER["function"]["parameters"])
     assert sum(out.forced) > 10  # the tags and the name's JSON are forced, not chosen
@@ -127,8 +151,7 @@ def test_close_margin_ends_a_looping_call_valid(smollm2: LLM) -> None:
     looping = SamplingParams(temperature=0, max_tokens=60, grammar=grammar)
     text = smollm2.tokenizer.decode(_loop_on(smollm2, " Oslo", looping))
     assert not parse_tool_calls(text).tool_calls  # without a margin: cut off inside the city
-    closing = SamplingParams(temperature=0, max_tokens=60, grammar=grammar,
-                             grammar_close_margin=16)
+    closing = SamplingParams(temperature=0, max_tokens=60, grammar=grammar, grammar_close_margin=16)
     ids = _loop_on(smollm2, " Oslo", closing)
     reply = parse_tool_calls(smollm2.tokenizer.decode(ids))
     assert len(ids) < 60 and not reply.errors
@@ -136,16 +159,32 @@ def test_close_margin_ends_a_looping_call_valid(smollm2: LLM) -> None:
     # "}}" inside a string is text, not a close: quotes must win while a string is open
     reply = parse_tool_calls(smollm2.tokenizer.decode(_loop_on(smollm2, "}}", closing)))
     assert not reply.errors and reply.tool_calls[0].args["city"].startswith("}}}}")
-    assert prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[WEATHER],
-                        tool_choice="required").close_margin > 0
-    assert prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[WEATHER],
-                        tool_choice="auto").close_margin == 0  # free text must not be cut
+    assert (
+        prepare_chat(
+            smollm2.tokenizer,
+            [{"role": "user", "content": "hi"}],
+            tools=[WEATHER],
+            tool_choice="required",
+        ).close_margin
+        > 0
+    )
+    assert (
+        prepare_chat(
+            smollm2.tokenizer,
+            [{"role": "user", "content": "hi"}],
+            tools=[WEATHER],
+            tool_choice="auto",
+        ).close_margin
+        == 0
+    )  # free text must not be cut
 
 
 def test_parse_tool_calls() -> None:
-    text = ('Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-            '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
-            '<tool_call>{not json}</tool_call>')
+    text = (
+        'Sure.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>{"name": "b", "arguments": "{\\"y\\": 2}"}</tool_call>'
+        "<tool_call>{not json}</tool_call>"
+    )
     reply = parse_tool_calls(text)
     assert [(c.name, c.args) for c in reply.tool_calls] == [("a", {"x": 1}), ("b", {"y": 2})]
     assert reply.content.startswith("Sure.") and "{not json}" in reply.content
@@ -154,10 +193,10 @@ def test_parse_tool_calls() -> None:
 
 
 def test_tool_call_stream_holds_partial_tags() -> None:
-    text = 'Hi <tool_ca' + 'll>\n{"name": "a", "arguments": {}}\n</tool_call> bye <tool'
+    text = "Hi <tool_ca" + 'll>\n{"name": "a", "arguments": {}}\n</tool_call> bye <tool'
     stream, seen, calls = ToolCallStream(), [], []
     for i in range(0, len(text), 3):  # three characters at a time
-        t, c = stream.feed(text[i:i + 3])
+        t, c = stream.feed(text[i : i + 3])
         seen.append(t)
         calls += c
     seen.append(stream.flush())
@@ -168,8 +207,11 @@ def test_tool_call_stream_holds_partial_tags() -> None:
 
 def test_a_closing_tag_inside_an_argument_string_does_not_end_the_call() -> None:
     code = 'print("</tool_call>")'
-    text = ('<tool_call>\n' + json.dumps({"name": "python", "arguments": {"code": code}})
-            + '\n</tool_call> done <tool_call>{"name": "b"}</tool_call>')
+    text = (
+        "<tool_call>\n"
+        + json.dumps({"name": "python", "arguments": {"code": code}})
+        + '\n</tool_call> done <tool_call>{"name": "b"}</tool_call>'
+    )
     reply = parse_tool_calls(text)
     assert [c.name for c in reply.tool_calls] == ["python", "b"]
     assert reply.tool_calls[0].args == {"code": code}
@@ -185,24 +227,37 @@ def test_a_closing_tag_inside_an_argument_string_does_not_end_the_call() -> None
 
 
 def test_tool_turns_become_text_for_templates_without_tools() -> None:
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "1", "type": "function",
-                     "function": {"name": "a", "arguments": '{"x": 1}'}}]},
-                {"role": "tool", "tool_call_id": "1", "content": "one"},
-                {"role": "tool", "tool_call_id": "2", "content": "two"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "1", "type": "function", "function": {"name": "a", "arguments": '{"x": 1}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "1", "content": "one"},
+        {"role": "tool", "tool_call_id": "2", "content": "two"},
+    ]
     out = messages_with_tools(messages, [CALC])
     assert out[0]["role"] == "system" and '"calculator"' in out[0]["content"]
     assert json.loads(out[2]["content"].split("\n")[1]) == {"name": "a", "arguments": {"x": 1}}
-    assert out[3] == {"role": "user",
-                      "content": "<tool_response>\none\n</tool_response>\n"
-                                 "<tool_response>\ntwo\n</tool_response>"}
+    assert out[3] == {
+        "role": "user",
+        "content": "<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n</tool_response>",
+    }
 
 
 def test_prepare_chat_none_leaves_tools_out(smollm2: LLM) -> None:
-    chat = prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[CALC],
-                        tool_choice="none")
+    chat = prepare_chat(
+        smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[CALC], tool_choice="none"
+    )
     assert chat.grammar is None and not chat.parse_calls and "calculator" not in chat.prompt
-    off = prepare_chat(smollm2.tokenizer, [{"role": "user", "content": "hi"}], tools=[CALC],
-                       tool_choice="required", constrained=False)
+    off = prepare_chat(
+        smollm2.tokenizer,
+        [{"role": "user", "content": "hi"}],
+        tools=[CALC],
+        tool_choice="required",
+        constrained=False,
+    )
     assert off.grammar is None and off.parse_calls and "calculator" in off.prompt

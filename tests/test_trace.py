@@ -36,7 +36,13 @@ def traced(smollm2):
 def test_trace_holds_every_stage(traced, smollm2):
     t = traced.trace.trace
     assert [tok.piece for tok in t.tokenization.tokens] == [
-        "The", " bank", " is", " near", " the", " river"]
+        "The",
+        " bank",
+        " is",
+        " near",
+        " the",
+        " river",
+    ]
     assert t.prefill.prompt_tokens == 6 and len(t.prefill.chunks) == 1
     assert t.prefill.chunks[0].tokens == 6 and t.prefill.seconds > 0
     assert [s.index for s in t.steps] == [0, 1, 2, 3]
@@ -56,7 +62,8 @@ def q_and_k_outputs(attn, model, ids: list[int]) -> dict:
     in a plain full forward (no cache)."""
     got = {}
     hook = attn.qkv_proj.register_forward_hook(
-        lambda m, i, o: got.update(zip("qkv", o.split(attn.qkv_sizes, dim=-1), strict=True)))
+        lambda m, i, o: got.update(zip("qkv", o.split(attn.qkv_sizes, dim=-1), strict=True))
+    )
     try:
         with torch.inference_mode():
             model(torch.tensor([ids]))
@@ -86,8 +93,9 @@ def test_attention_equals_softmax_of_models_own_q_and_k(traced, smollm2):
         assert len(amap.steps) == n - T
         for s, rows in enumerate(amap.steps):
             pos = T + s
-            torch.testing.assert_close(torch.tensor(rows), expected[[0, 4], pos, : pos + 1],
-                                       atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(rows), expected[[0, 4], pos, : pos + 1], atol=1e-4, rtol=0
+            )
 
 
 def test_logit_lens_last_layer_is_the_models_distribution(traced, smollm2):
@@ -107,8 +115,16 @@ def test_logit_lens_last_layer_is_the_models_distribution(traced, smollm2):
 
 
 def test_sampling_stages_narrow_the_distribution(smollm2):
-    params = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, seed=3,
-                            repetition_penalty=1.3, max_tokens=3, trace=True)
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        min_p=0.05,
+        seed=3,
+        repetition_penalty=1.3,
+        max_tokens=3,
+        trace=True,
+    )
     (seq,) = run(smollm2, ["The capital of India is"], [params])
     for step in seq.trace.trace.steps:
         names = [s.name for s in step.stages]
@@ -126,8 +142,12 @@ def test_untraced_neighbours_are_unchanged(smollm2):
     prompts = ["The capital of India is", "Water boils at", "One, two, three,"]
     plain = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     alone = [s.output_ids for s in run(smollm2, prompts, [plain] * 3)]
-    traced = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True,
-                            trace=TraceOptions(attention_layers=[2], logit_lens=True))
+    traced = SamplingParams(
+        temperature=0,
+        max_tokens=4,
+        ignore_eos=True,
+        trace=TraceOptions(attention_layers=[2], logit_lens=True),
+    )
     mixed = run(smollm2, prompts, [plain, traced, plain])
     assert [s.output_ids for s in mixed] == alone
     assert mixed[0].trace is None and mixed[1].trace is not None
@@ -137,8 +157,9 @@ def test_untraced_neighbours_are_unchanged(smollm2):
 
 def test_bad_trace_options_fail_when_the_request_is_added(smollm2):
     with pytest.raises(ValueError, match="attention_layers"):
-        smollm2.engine.add_request([1, 2], SamplingParams(
-            trace=TraceOptions(attention_layers=[99])))
+        smollm2.engine.add_request(
+            [1, 2], SamplingParams(trace=TraceOptions(attention_layers=[99]))
+        )
     with pytest.raises(ValueError, match="trace"):
         SamplingParams(trace="yes")
 
@@ -159,8 +180,12 @@ def test_api_trace_in_the_extension_field_openai_clients_ignore(api):
 
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=api)
     reply = client.chat.completions.create(
-        model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
-        temperature=0, extra_body={"trace": {"attention_layers": [1], "logit_lens": True}})
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        extra_body={"trace": {"attention_layers": [1], "logit_lens": True}},
+    )
     assert reply.choices[0].message.content  # an ordinary response for an ordinary client
     trace = reply.model_extra["pellucid"]["traces"]["0"]
     assert [s["token"]["piece"] for s in trace["steps"]] != []
@@ -171,8 +196,10 @@ def test_api_trace_in_the_extension_field_openai_clients_ignore(api):
 
 
 def test_api_rejects_a_trace_of_layers_the_model_lacks(api):
-    r = api.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2,
-                                          "trace": {"attention_layers": [30]}})
+    r = api.post(
+        "/v1/completions",
+        json={"prompt": "Hi", "max_tokens": 2, "trace": {"attention_layers": [30]}},
+    )
     assert r.status_code == 400 and "attention_layers" in r.json()["error"]["message"]
 
 
@@ -212,8 +239,14 @@ def live_server(smollm2):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(smollm2, model_name="smollm2-135m"),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(smollm2, model_name="smollm2-135m"),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -236,8 +269,9 @@ def test_web_view_streams_tokens_and_shows_alternatives(live_server, tmp_path):
             page.fill("#prompt", "What is the capital of France?")
             page.click("#send")
             page.wait_for_selector(".msg.assistant .tok", timeout=120_000)  # the first token
-            page.wait_for_function("document.querySelector('#status').textContent.endsWith("
-                                   "'tokens')", timeout=300_000)
+            page.wait_for_function(
+                "document.querySelector('#status').textContent.endsWith('tokens')", timeout=300_000
+            )
             n_tokens = page.locator(".msg.assistant .tok").count()
             assert n_tokens >= 2
             # Streamed: one SSE event per token (plus role, finish and trace), not one reply.

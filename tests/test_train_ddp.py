@@ -16,6 +16,8 @@ from pellucid.train.config import TrainConfig
 from pellucid.train.data import prepare
 from pellucid.train.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # torchrun starts two training processes
+
 
 @pytest.fixture(autouse=True)
 def restore_threads():

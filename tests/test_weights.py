@@ -21,15 +21,22 @@ transformers = pytest.importorskip("transformers")
 def tiny_hf_model(tmp_path, kind: str):
     """A randomly initialized transformers model saved as an HF folder (config + safetensors)."""
     torch.manual_seed(0)
-    common = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
-              "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 256}
+    common = {
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+    }
     if kind == "llama":
         cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, tie_word_embeddings=False)
         model = transformers.LlamaForCausalLM(cfg)
     else:
-        cfg = transformers.Gemma3TextConfig(**common, head_dim=32, sliding_window=8,
-                                            query_pre_attn_scalar=32)
+        cfg = transformers.Gemma3TextConfig(
+            **common, head_dim=32, sliding_window=8, query_pre_attn_scalar=32
+        )
         model = transformers.Gemma3ForCausalLM(cfg)
     with torch.no_grad():  # Gemma's norms start at zero: give them values so they matter
         for name, p in model.named_parameters():

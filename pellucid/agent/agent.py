@@ -25,8 +25,10 @@ from pellucid.llm import LLM
 from pellucid.structured import ToolCall
 
 GROUNDED = {"search": ("query",)}
-SYSTEM_PROMPT = ("You are a helpful assistant. Use the tools to find the facts, then answer from "
-                 "the tool results in one sentence.")
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. Use the tools to find the facts, then answer from "
+    "the tool results in one sentence."
+)
 
 
 class Agent:
@@ -58,8 +60,11 @@ class Agent:
     def run(self, question: str) -> AgentRun:
         """Answer `question`, calling tools as the model decides; returns the answer and trace."""
         shown = example_messages(self.tools)  # worked examples of the loop, as earlier turns
-        messages = [{"role": "system", "content": self.system_prompt}, *shown,
-                    {"role": "user", "content": question}]
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            *shown,
+            {"role": "user", "content": question},
+        ]
         run = AgentRun(question=question, tools=list(self.tools), examples=len(shown))
         start = time.perf_counter()
         for number in range(self.max_turns):
@@ -69,13 +74,24 @@ class Agent:
             if not turn.calls:
                 run.answer = turn.text.strip()
                 break
-            messages.append({"role": "assistant", "content": turn.text_outside_calls,
-                             "tool_calls": [c.openai() for c in turn.calls]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": turn.text_outside_calls,
+                    "tool_calls": [c.openai() for c in turn.calls],
+                }
+            )
             for call in turn.calls:
                 result = self._execute(call)
                 turn.tool_runs.append(result)
-                messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
-                                 "content": result.output})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.id,
+                        "name": call.name,
+                        "content": result.output,
+                    }
+                )
         run.total_s = time.perf_counter() - start
         return run
 
@@ -84,10 +100,13 @@ class Agent:
             return "required"
         return "none" if number == self.max_turns - 1 else "auto"
 
-    def _model_turn(self, number: int, messages: list[dict], choice: str,
-                    question: str) -> ModelTurn:
-        schemas = [grounded(t.openai_schema(), self.grounded.get(t.name, ()), question)
-                   for t in self.tools.values()]
+    def _model_turn(
+        self, number: int, messages: list[dict], choice: str, question: str
+    ) -> ModelTurn:
+        schemas = [
+            grounded(t.openai_schema(), self.grounded.get(t.name, ()), question)
+            for t in self.tools.values()
+        ]
         out = self.llm.chat(messages, self.params, tools=schemas, tool_choice=choice)
         tok = self.llm.tokenizer
         return ModelTurn(
@@ -115,7 +134,10 @@ class Agent:
             try:
                 output, ok = future.result(timeout=self.tool_timeout_s), True
             except FutureTimeout:
-                output, ok = f"error: {call.name} did not finish in {self.tool_timeout_s:g} s", False
+                output, ok = (
+                    f"error: {call.name} did not finish in {self.tool_timeout_s:g} s",
+                    False,
+                )
             except ToolError as e:
                 output, ok = f"error: {e}", False
         return ToolRun(call.name, call.arguments, output, ok, time.perf_counter() - start)

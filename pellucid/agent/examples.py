@@ -17,16 +17,26 @@ EXAMPLES = [
         {"calculator", "search"},
         "What is 6+9, and what is the capital of France?",
         [("calculator", {"expression": "6+9"}), ("search", {"query": "France"})],
-        ["6+9 = 15", ("[1] France: France is a country in Western Europe whose capital and "
-                     "largest city is Paris.")],
+        [
+            "6+9 = 15",
+            (
+                "[1] France: France is a country in Western Europe whose capital and "
+                "largest city is Paris."
+            ),
+        ],
         "6+9 = 15, and the capital of France is Paris.",
     ),
     (  # a "who" question: the answer names the person the result names
         {"calculator", "search"},
         "What is 8*7, and who painted the Mona Lisa?",
         [("calculator", {"expression": "8*7"}), ("search", {"query": "Mona Lisa"})],
-        ["8*7 = 56", ("[1] Mona Lisa: The Mona Lisa is a half-length portrait painting by "
-                     "Italian artist Leonardo da Vinci.")],
+        [
+            "8*7 = 56",
+            (
+                "[1] Mona Lisa: The Mona Lisa is a half-length portrait painting by "
+                "Italian artist Leonardo da Vinci."
+            ),
+        ],
         "8*7 = 56, and the Mona Lisa was painted by Leonardo da Vinci.",
     ),
 ]
@@ -40,11 +50,22 @@ def example_messages(tools: Container[str]) -> list[dict]:
             continue
         ids = [f"example_{len(messages)}_{i}" for i in range(len(calls))]
         messages.append({"role": "user", "content": question})
-        messages.append({"role": "assistant", "content": "", "tool_calls": [
-            {"id": i, "type": "function",
-             "function": {"name": name, "arguments": json.dumps(args)}}
-            for i, (name, args) in zip(ids, calls)]})
-        messages += [{"role": "tool", "tool_call_id": i, "content": r}
-                     for i, r in zip(ids, results)]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": i,
+                        "type": "function",
+                        "function": {"name": name, "arguments": json.dumps(args)},
+                    }
+                    for i, (name, args) in zip(ids, calls)
+                ],
+            }
+        )
+        messages += [
+            {"role": "tool", "tool_call_id": i, "content": r} for i, r in zip(ids, results)
+        ]
         messages.append({"role": "assistant", "content": answer})
     return messages

@@ -13,16 +13,52 @@ import re
 
 MAX_WORDS = 6
 # Words that carry no topic: a query made of them finds nothing (numbers go to the calculator).
-QUESTION_WORDS = {"what", "who", "whom", "whose", "which", "when", "where", "why", "how", "is",
-                  "are", "was", "were", "the", "a", "an", "and", "or", "of", "in", "on", "to",
-                  "do", "does", "did", "me", "tell", "please", "can", "you", "i"}
+QUESTION_WORDS = {
+    "what",
+    "who",
+    "whom",
+    "whose",
+    "which",
+    "when",
+    "where",
+    "why",
+    "how",
+    "is",
+    "are",
+    "was",
+    "were",
+    "the",
+    "a",
+    "an",
+    "and",
+    "or",
+    "of",
+    "in",
+    "on",
+    "to",
+    "do",
+    "does",
+    "did",
+    "me",
+    "tell",
+    "please",
+    "can",
+    "you",
+    "i",
+}
 
 
 def grounded(tool_schema: dict, params: tuple[str, ...] | list[str], question: str) -> dict:
     """A copy of an OpenAI tool entry whose `params` (string properties) only take question words."""
-    words = sorted({w for w in re.findall(r"[\w'-]+", question)
-                    if w.lower() not in QUESTION_WORDS and not any(c.isdigit() for c in w)},
-                   key=len, reverse=True)
+    words = sorted(
+        {
+            w
+            for w in re.findall(r"[\w'-]+", question)
+            if w.lower() not in QUESTION_WORDS and not any(c.isdigit() for c in w)
+        },
+        key=len,
+        reverse=True,
+    )
     if not params or not words:
         return tool_schema
     schema = copy.deepcopy(tool_schema)

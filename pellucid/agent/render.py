@@ -30,21 +30,26 @@ def render_run(run: AgentRun, console: Console, *, show_prompt: bool = False) ->
     console.print(Panel(answer, title="final answer", border_style="green"))
     model_s = sum(t.prefill_s + t.decode_s for t in run.turns)
     tool_s = sum(r.seconds for t in run.turns for r in t.tool_runs)
-    console.print(f"[dim]{len(run.turns)} model turns, {model_s:.2f} s in the model, "
-                  f"{tool_s:.2f} s in tools, {run.total_s:.2f} s in all[/]")
+    console.print(
+        f"[dim]{len(run.turns)} model turns, {model_s:.2f} s in the model, "
+        f"{tool_s:.2f} s in tools, {run.total_s:.2f} s in all[/]"
+    )
 
 
 def _turn(turn: ModelTurn, console: Console, show_prompt: bool) -> None:
     console.print()
-    console.rule(f"[bold cyan]turn {turn.number + 1}[/] · tool_choice={turn.tool_choice}",
-                 align="left")
+    console.rule(
+        f"[bold cyan]turn {turn.number + 1}[/] · tool_choice={turn.tool_choice}", align="left"
+    )
     console.print(f"[dim]{CHOICES.get(turn.tool_choice, '')}[/]")
     if show_prompt:
         console.print(Panel(Text(turn.prompt), title=f"prompt ({turn.prompt_tokens} tokens)"))
-    console.print(f"prompt {turn.prompt_tokens} tokens, pre-fill {turn.prefill_s * 1000:.0f} ms; "
-                  f"reply {len(turn.pieces)} tokens in {turn.decode_s * 1000:.0f} ms, "
-                  f"{turn.forced_count} forced by the grammar, "
-                  f"{len(turn.pieces) - turn.forced_count} chosen by the model")
+    console.print(
+        f"prompt {turn.prompt_tokens} tokens, pre-fill {turn.prefill_s * 1000:.0f} ms; "
+        f"reply {len(turn.pieces)} tokens in {turn.decode_s * 1000:.0f} ms, "
+        f"{turn.forced_count} forced by the grammar, "
+        f"{len(turn.pieces) - turn.forced_count} chosen by the model"
+    )
     console.print(Panel(_reply(turn), title="model reply (dim = forced, bold = chosen)"))
     if turn.tool_runs:
         console.print(_tool_table(turn))
@@ -63,6 +68,10 @@ def _tool_table(turn: ModelTurn) -> Table:
         table.add_column(column, overflow="fold")
     for run in turn.tool_runs:
         result = run.output if len(run.output) <= 300 else run.output[:300] + " …"
-        table.add_row(run.name, run.arguments, Text(result, style="" if run.ok else "red"),
-                      f"{run.seconds * 1000:.0f}")
+        table.add_row(
+            run.name,
+            run.arguments,
+            Text(result, style="" if run.ok else "red"),
+            f"{run.seconds * 1000:.0f}",
+        )
     return table

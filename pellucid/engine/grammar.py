@@ -50,7 +50,9 @@ class GrammarCompiler:
         """(B, vocab_size) bool: the tokens each matcher allows next, computed in parallel."""
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
-        bitmask = llguidance.numpy.allocate_token_bitmask(len(matchers), self.ll_tokenizer.vocab_size)
+        bitmask = llguidance.numpy.allocate_token_bitmask(
+            len(matchers), self.ll_tokenizer.vocab_size
+        )
         llguidance.numpy.fill_next_token_bitmask_par(
             self._executor, [(m, i) for i, m in enumerate(matchers)], bitmask
         )
@@ -95,7 +97,8 @@ class _Vocab(llguidance.TokenizerWrapper):
         self.eos_token_id = tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id
         self.tokens = [
-            SPECIAL_PREFIX + tokenizer.id_to_bytes(i) if tokenizer.is_special(i)
+            SPECIAL_PREFIX + tokenizer.id_to_bytes(i)
+            if tokenizer.is_special(i)
             else tokenizer.id_to_bytes(i)
             for i in range(tokenizer.vocab_size)
         ]

@@ -1,4 +1,5 @@
 """LLMEngine: accepts requests and advances all of them together, one `step()` at a time.
+A step:
 
     batch = scheduler.schedule()               # who runs: pre-fill chunks and decode rows
     result = model_runner.run(batch)           # one forward pass for all of them, then sampling
@@ -42,13 +43,17 @@ class LLMEngine:
         self.pool = KVCachePool(cfg, num_blocks, config.block_size, kv_dtype)
         # One sequence must always fit in the pool, or it could never be scheduled.
         self.max_model_len = min(
-            config.max_model_len or cfg.context_length, cfg.context_length,
+            config.max_model_len or cfg.context_length,
+            cfg.context_length,
             self.pool.capacity_tokens,
         )
         block_bytes = self.pool.bytes_per_token * config.block_size
-        self.block_manager = BlockManager(num_blocks, config.block_size,
-                                          config.enable_prefix_caching,
-                                          max_cached=config.prefix_cache_bytes // block_bytes)
+        self.block_manager = BlockManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            max_cached=config.prefix_cache_bytes // block_bytes,
+        )
         self.scheduler = Scheduler(config, self.block_manager)
         self.model_runner = ModelRunner(model, self.pool, config.compile)
         self.sequences: dict[int, Sequence] = {}
@@ -64,8 +69,7 @@ class LLMEngine:
             seq.sampler_state.matcher, seq.sampler_state.grammars = matcher, self.grammars
         options = params.trace_options
         if options is not None:
-            seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model,
-                                 self.pool)
+            seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model, self.pool)
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -113,8 +117,11 @@ class LLMEngine:
     def abort_queued_longer_than(self, seconds: float) -> list[int]:
         """Abort the sequences that have waited `seconds` without being run once; their ids."""
         now = time.perf_counter()
-        expired = [s.request_id for s in self.scheduler.waiting
-                   if not s.admitted and now - s.arrival > seconds]
+        expired = [
+            s.request_id
+            for s in self.scheduler.waiting
+            if not s.admitted and now - s.arrival > seconds
+        ]
         for request_id in expired:
             self.abort(request_id)
         return expired

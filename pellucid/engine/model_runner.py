@@ -54,15 +54,24 @@ class ModelRunner:
             seqs = batch.sampling
             out = sample(logits, [s.sampler_state for s in seqs])
             token_ids = out.token_ids.tolist()
-            logprobs = [None if s.params.logprobs is None else
-                        _token_logprob(out, row, token_ids[row], s.params.logprobs)
-                        for row, s in enumerate(seqs)]
+            logprobs = [
+                None
+                if s.params.logprobs is None
+                else _token_logprob(out, row, token_ids[row], s.params.logprobs)
+                for row, s in enumerate(seqs)
+            ]
         if traced:
             after_forward(ctx, traced, logits, token_ids)
         return StepResult(token_ids, logprobs, time.perf_counter() - start)
 
-    def logits(self, ids: Tensor, positions: Tensor, ctx: ForwardContext, last_rows: list[int],
-               whole_graph: bool) -> Tensor | None:
+    def logits(
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        ctx: ForwardContext,
+        last_rows: list[int],
+        whole_graph: bool,
+    ) -> Tensor | None:
         """Logits (B, vocab) of the rows that sample; None when none does (pre-fill chunks)."""
         if self.compiled_decode is not None and not ctx.prefills and whole_graph:
             # every row decodes one token: the whole step, LM head included, is one graph
@@ -98,14 +107,18 @@ class ModelRunner:
             if it.samples:
                 last_rows.append(len(ids) - 1)
         ctx = ForwardContext(
-            self.pool.k, self.pool.v, torch.cat(slots), prefills,
+            self.pool.k,
+            self.pool.v,
+            torch.cat(slots),
+            prefills,
             _decode_batch(decode_rows, decode_tables, decode_lens, bs),
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows
 
 
-def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int],
-                  block_size: int) -> DecodeBatch | None:
+def _decode_batch(
+    rows: list[int], tables: list[list[int]], lens: list[int], block_size: int
+) -> DecodeBatch | None:
     if not rows:
         return None
     # At least 2 wide: torch.compile specializes a dimension of size 1 into its own graph.
@@ -125,9 +138,16 @@ def _decode_batch(rows: list[int], tables: list[list[int]], lens: list[int],
         blocks, block_rows, starts = blocks + [0], block_rows + [0], starts + [block_size]
     valid = [[True] * len(r) + [False] * (width - len(r)) for r in row_blocks]
     row_blocks = [r + [0] * (width - len(r)) for r in row_blocks]
-    return DecodeBatch(torch.tensor(rows), torch.tensor(padded), torch.tensor(lens),
-                       torch.tensor(blocks), torch.tensor(block_rows), torch.tensor(starts),
-                       torch.tensor(row_blocks), torch.tensor(valid))
+    return DecodeBatch(
+        torch.tensor(rows),
+        torch.tensor(padded),
+        torch.tensor(lens),
+        torch.tensor(blocks),
+        torch.tensor(block_rows),
+        torch.tensor(starts),
+        torch.tensor(row_blocks),
+        torch.tensor(valid),
+    )
 
 
 def _token_logprob(out: SamplerOutput, row: int, token_id: int, n_top: int | None) -> TokenLogprob:

@@ -31,11 +31,24 @@ class SamplerState:
     when the params have penalties, so plain requests cost nothing per step.
     """
 
-    __slots__ = ("counts", "forced", "generator", "grammars", "last_mask", "matcher", "params",
-                 "seen")
+    __slots__ = (
+        "counts",
+        "forced",
+        "generator",
+        "grammars",
+        "last_mask",
+        "matcher",
+        "params",
+        "seen",
+    )
 
-    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], vocab_size: int,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: Sequence[int],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
         self.params = params
         # Seeded once; this row then draws only from it, so its tokens do not depend on the batch.
         self.generator: torch.Generator | None = None
@@ -161,8 +174,14 @@ def _closing_time(state: SamplerState) -> bool:
     return margin > 0 and state.params.max_tokens - len(state.forced) <= margin
 
 
-def apply_penalties(logits: Tensor, seen: Tensor, counts: Tensor, repetition: Tensor,
-                    presence: Tensor, frequency: Tensor) -> Tensor:
+def apply_penalties(
+    logits: Tensor,
+    seen: Tensor,
+    counts: Tensor,
+    repetition: Tensor,
+    presence: Tensor,
+    frequency: Tensor,
+) -> Tensor:
     """Penalize tokens a sequence has already produced.
 
     logits (B, V); seen (B, V) bool, token in prompt or output; counts (B, V), times generated;
@@ -206,11 +225,14 @@ def top_p_mask(logits: Tensor, top_p: Tensor) -> Tensor:
 
     logits (B, V); rows with top_p >= 1 keep all: in float32 the mass above a tail token can
     round to 1.0 (p = 1 - 1e-13 is 1.0), which would otherwise cut the tail of an untouched row.
+    The most likely token always stays: a top_p too small for float32 (5e-324 is 0.0 there)
+    would otherwise drop it too and leave nothing to sample.
     """
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
     drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    drop_sorted[:, 0] = False
     drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)  # back to vocab order
     return logits.masked_fill(drop, NEG_INF)
 
@@ -225,8 +247,9 @@ def min_p_mask(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill(logits < threshold, NEG_INF)
 
 
-def exponential_race(probs: Tensor, generators: Sequence[torch.Generator | None],
-                     skip: Sequence[bool] | None = None) -> Tensor:
+def exponential_race(
+    probs: Tensor, generators: Sequence[torch.Generator | None], skip: Sequence[bool] | None = None
+) -> Tensor:
     """Draw one token per row of probs (B, V), without a device sync.
 
     With E_i ~ Exp(1), E_i / p_i ~ Exp(rate p_i), and the smallest of independent exponentials
@@ -254,24 +277,31 @@ def _penalize(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     no_counts = torch.zeros(vocab_size, dtype=torch.int32, device=logits.device)
     for s in states:
         if s.counts is not None and s.counts.shape[0] != vocab_size:
-            raise ValueError(f"SamplerState was made for a vocabulary of {s.counts.shape[0]} "
-                             f"tokens but the logits have {vocab_size}; pass the model's "
-                             f"logits width as vocab_size")
+            raise ValueError(
+                f"SamplerState was made for a vocabulary of {s.counts.shape[0]} "
+                f"tokens but the logits have {vocab_size}; pass the model's "
+                f"logits width as vocab_size"
+            )
     seen = torch.stack([no_seen if s.seen is None else s.seen for s in states])  # (B, V)
     counts = torch.stack([no_counts if s.counts is None else s.counts for s in states])  # (B, V)
     params = [s.params for s in states]
-    return apply_penalties(logits, seen, counts,
-                           _row_values([p.repetition_penalty for p in params], logits),
-                           _row_values([p.presence_penalty for p in params], logits),
-                           _row_values([p.frequency_penalty for p in params], logits))
+    return apply_penalties(
+        logits,
+        seen,
+        counts,
+        _row_values([p.repetition_penalty for p in params], logits),
+        _row_values([p.presence_penalty for p in params], logits),
+        _row_values([p.frequency_penalty for p in params], logits),
+    )
 
 
 def _filter(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     """Temperature, top-k, top-p, min-p on (B, V) logits, skipping what no row asks for."""
     top_k = [max(p.top_k, 0) for p in params]
     max_k = max(top_k)
-    if 0 < max_k < logits.shape[-1] and all(k > 0 for k, p in zip(top_k, params)
-                                            if not p.is_greedy):
+    if 0 < max_k < logits.shape[-1] and all(
+        k > 0 for k, p in zip(top_k, params) if not p.is_greedy
+    ):
         # Every sampled row keeps at most max_k tokens: filter those few instead of all V
         # (as llama.cpp does), so top-p sorts max_k values rather than the whole vocabulary.
         values, ids = logits.topk(max_k, dim=-1)  # (B, max_k)
@@ -280,8 +310,9 @@ def _filter(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     return _filter_rows(logits, params, top_k, max_k)
 
 
-def _filter_rows(logits: Tensor, params: list[SamplingParams], top_k: list[int],
-                 max_k: int) -> Tensor:
+def _filter_rows(
+    logits: Tensor, params: list[SamplingParams], top_k: list[int], max_k: int
+) -> Tensor:
     """The filters in order on logits (B, N), N = V or the max_k candidates; all order-agnostic."""
     if any(not p.is_greedy and p.temperature != 1.0 for p in params):
         temperature = [0.0 if p.is_greedy else p.temperature for p in params]
@@ -313,5 +344,7 @@ def _row_values(values: list[float], like: Tensor) -> Tensor:
 def _check_token_ids(token_ids: Sequence[int], vocab_size: int) -> None:
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary "
-                         f"(0 ... {vocab_size - 1}); the tokenizer and model do not match")
+        raise ValueError(
+            f"prompt token ids {bad[:5]} are outside the vocabulary "
+            f"(0 ... {vocab_size - 1}); the tokenizer and model do not match"
+        )

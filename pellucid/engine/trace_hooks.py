@@ -1,4 +1,5 @@
 """Where the engine calls into traced requests' recorders; a step with none traced pays nothing.
+The calls, by caller:
 
     ModelRunner.run:   traced = traced_items(batch)                 # [] when nobody asked
                        before_forward(ctx, traced)                  # ask attention / hidden states
@@ -36,9 +37,15 @@ def traced_items(batch: Batch) -> list[TracedItem]:
     for it in batch.items:  # the same walk as ModelRunner.prepare
         is_decode = it.n_tokens == 1
         if it.seq.trace is not None:
-            found.append(TracedItem(it, row, None if is_decode else n_prefill,
-                                    n_decode if is_decode else None,
-                                    n_sample if it.samples else None))
+            found.append(
+                TracedItem(
+                    it,
+                    row,
+                    None if is_decode else n_prefill,
+                    n_decode if is_decode else None,
+                    n_sample if it.samples else None,
+                )
+            )
         row += it.n_tokens
         n_decode, n_prefill = n_decode + is_decode, n_prefill + (not is_decode)
         n_sample += it.samples
@@ -49,14 +56,18 @@ def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
     """Ask the model to keep attention probabilities and per-layer hidden states as needed."""
     for t in traced:
         ctx.capture_attention.update(t.item.seq.trace.options.attention_layers)
-    rows = [t.first_row + t.item.n_tokens - 1 for t in traced
-            if t.item.samples and t.item.seq.trace.options.logit_lens]
+    rows = [
+        t.first_row + t.item.n_tokens - 1
+        for t in traced
+        if t.item.samples and t.item.seq.trace.options.logit_lens
+    ]
     if rows:
         ctx.capture_hidden_rows = torch.tensor(rows)
 
 
-def after_forward(ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None,
-                  token_ids: list[int]) -> None:
+def after_forward(
+    ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None, token_ids: list[int]
+) -> None:
     """Hand each traced sequence what this forward showed about it; time it, to leave it out."""
     start = time.perf_counter()
     lens_row = 0
@@ -69,8 +80,7 @@ def after_forward(ctx: ForwardContext, traced: list[TracedItem], logits: Tensor 
             if rec.options.logit_lens:
                 hidden = torch.stack([h[lens_row] for h in ctx.layer_hidden])  # (layers, dim)
                 lens_row += 1
-            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state,
-                           hidden)
+            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state, hidden)
     elapsed = time.perf_counter() - start
     for t in traced:
         t.item.seq.trace.capture_s = elapsed
@@ -86,11 +96,21 @@ def end_step(batch: Batch, seconds: float) -> None:
     kv_tokens = sum(it.seq.num_computed + it.n_tokens for it in batch.items)  # read + written
     for it in traced:
         seq = it.seq
-        seq.trace.end_step(StepFacts(
-            start=seq.num_computed - it.n_tokens, n_tokens=it.n_tokens, samples=it.samples,
-            prefilling=not seq.output_ids, cached_tokens=seq.num_cached,
-            computed=seq.num_computed, blocks=len(seq.block_table), batch_rows=len(batch.items),
-            batch_tokens=batch_tokens, batch_kv_tokens=kv_tokens, seconds=seconds))
+        seq.trace.end_step(
+            StepFacts(
+                start=seq.num_computed - it.n_tokens,
+                n_tokens=it.n_tokens,
+                samples=it.samples,
+                prefilling=not seq.output_ids,
+                cached_tokens=seq.num_cached,
+                computed=seq.num_computed,
+                blocks=len(seq.block_table),
+                batch_rows=len(batch.items),
+                batch_tokens=batch_tokens,
+                batch_kv_tokens=kv_tokens,
+                seconds=seconds,
+            )
+        )
 
 
 def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:

@@ -67,26 +67,55 @@ class Recorder:
     requests sharing the step are not kept waiting for it.
     """
 
-    def __init__(self, options: TraceOptions, params: SamplingParams, prompt_ids: list[int],
-                 tokenizer: Tokenizer, model: LlamaModel, pool: KVCachePool, name: str = ""):
+    def __init__(
+        self,
+        options: TraceOptions,
+        params: SamplingParams,
+        prompt_ids: list[int],
+        tokenizer: Tokenizer,
+        model: LlamaModel,
+        pool: KVCachePool,
+        name: str = "",
+    ):
         cfg = model.cfg
         options.check(cfg.n_layers, cfg.n_heads)
         self.options, self.tokenizer, self.model = options, tokenizer, model
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
         self._trace = Trace(
-            model=ModelInfo(name, cfg.arch, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-                            cfg.head_dim, cfg.dim, cfg.vocab_size, _weight_bytes(model), cfg.scale),
+            model=ModelInfo(
+                name,
+                cfg.arch,
+                cfg.n_layers,
+                cfg.n_heads,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                cfg.dim,
+                cfg.vocab_size,
+                _weight_bytes(model),
+                cfg.scale,
+            ),
             sampling={f.name: getattr(params, f.name) for f in fields(params) if f.name != "trace"},
-            tokenization=Tokenization(tokenizer.decode(prompt_ids), [
-                TokenInfo(i, tokenizer.id_to_piece(i), tokenizer.is_special(i)) for i in prompt_ids
-            ]),
+            tokenization=Tokenization(
+                tokenizer.decode(prompt_ids),
+                [
+                    TokenInfo(i, tokenizer.id_to_piece(i), tokenizer.is_special(i))
+                    for i in prompt_ids
+                ],
+            ),
             prefill=Prefill(prompt_tokens=T, cached_tokens=0),
-            kv=KVCacheInfo(pool.bytes_per_token, pool.block_size, cfg.n_layers, cfg.n_kv_heads,
-                           cfg.head_dim, pool.k[0].element_size()),
-            attention=[AttentionMap(layer, self.heads, [[[0.0] * T for _ in range(T)]
-                                                         for _ in self.heads])
-                       for layer in sorted(set(options.attention_layers))],
+            kv=KVCacheInfo(
+                pool.bytes_per_token,
+                pool.block_size,
+                cfg.n_layers,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                pool.k[0].element_size(),
+            ),
+            attention=[
+                AttentionMap(layer, self.heads, [[[0.0] * T for _ in range(T)] for _ in self.heads])
+                for layer in sorted(set(options.attention_layers))
+            ],
         )
         self._pending: tuple[int, _Raw] | None = None  # this step's token, until end_step
         self._raw: dict[int, _Raw] = {}  # step index -> its tensors, until read
@@ -113,14 +142,27 @@ class Recorder:
             if not trace.prefill.chunks:
                 trace.prefill.cached_tokens = step.cached_tokens
             trace.prefill.chunks.append(
-                PrefillChunk(step.start, step.n_tokens, seconds, step.batch_tokens))
+                PrefillChunk(step.start, step.n_tokens, seconds, step.batch_tokens)
+            )
         if step.samples and self._pending is not None:
             token_id, raw = self._pending
             moved = trace.model.weight_bytes + trace.kv.bytes_per_token * step.batch_kv_tokens
             token = Candidate(token_id, self.tokenizer.id_to_piece(token_id), 0.0)
-            trace.steps.append(Step(len(trace.steps), token, 0.0, [], [], seconds,
-                                    step.batch_rows, step.computed, step.blocks, moved,
-                                    self.capture_s))
+            trace.steps.append(
+                Step(
+                    len(trace.steps),
+                    token,
+                    0.0,
+                    [],
+                    [],
+                    seconds,
+                    step.batch_rows,
+                    step.computed,
+                    step.blocks,
+                    moved,
+                    self.capture_s,
+                )
+            )
             self._raw[len(trace.steps) - 1] = raw
         self._pending, self.capture_s = None, 0.0
 
@@ -133,8 +175,9 @@ class Recorder:
             if self._trace.attention_for(layer) is not None:
                 self._attention.append((layer, first_pos, probs[self.heads]))  # a copy
 
-    def keep_token(self, logits: Tensor, token_id: int, state: SamplerState,
-                   hidden: Tensor | None) -> None:
+    def keep_token(
+        self, logits: Tensor, token_id: int, state: SamplerState, hidden: Tensor | None
+    ) -> None:
         """The sampled token with its raw logits row (V,) and maybe hidden states (layers, dim)."""
         self._pending = (token_id, _Raw(logits.clone(), _snapshot(state), hidden))
 
@@ -148,8 +191,10 @@ class Recorder:
             with torch.inference_mode():
                 logits = self.model.compute_logits(self.model.norm(raw.hidden))  # (layers, V)
             top = torch.softmax(logits, -1).topk(self.options.lens_top_k, dim=-1)
-            step.lens = [LensLayer(layer, self._candidates(ids, ps))
-                         for layer, (ids, ps) in enumerate(zip(top.indices, top.values))]
+            step.lens = [
+                LensLayer(layer, self._candidates(ids, ps))
+                for layer, (ids, ps) in enumerate(zip(top.indices, top.values))
+            ]
 
     def _fill_attention(self, amap: AttentionMap, first_pos: int, probs: Tensor) -> None:
         T = self._trace.prefill.prompt_tokens
@@ -168,8 +213,11 @@ class Recorder:
         return Stage(name, kept, self._candidates(top.indices, top.values))
 
     def _candidates(self, ids: Tensor, probs: Tensor) -> list[Candidate]:
-        return [Candidate(i, self.tokenizer.id_to_piece(i), p)
-                for i, p in zip(ids.tolist(), probs.tolist()) if p > 0]
+        return [
+            Candidate(i, self.tokenizer.id_to_piece(i), p)
+            for i, p in zip(ids.tolist(), probs.tolist())
+            if p > 0
+        ]
 
 
 def _snapshot(state: SamplerState) -> SamplerState:

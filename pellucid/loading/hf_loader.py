@@ -36,9 +36,16 @@ def gpt2_name(hf_name: str) -> tuple[str | None, bool]:
     if module in GPT2_GLOBAL:
         return f"{GPT2_GLOBAL[module]}.{kind}", False
     parts = module.split(".", 2)
-    if len(parts) < 3 or parts[0] != "h" or parts[2] not in GPT2_BLOCK or kind not in ("weight", "bias"):
+    if (
+        len(parts) < 3
+        or parts[0] != "h"
+        or parts[2] not in GPT2_BLOCK
+        or kind not in ("weight", "bias")
+    ):
         return None, False
-    return f"layers.{parts[1]}.{GPT2_BLOCK[parts[2]]}.{kind}", kind == "weight" and parts[2] in GPT2_CONV1D
+    return f"layers.{parts[1]}.{GPT2_BLOCK[parts[2]]}.{kind}", kind == "weight" and parts[
+        2
+    ] in GPT2_CONV1D
 
 
 def our_name(hf_name: str) -> str:

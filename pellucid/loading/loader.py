@@ -67,9 +67,12 @@ def build_from_state(
     for name, t in state.items():
         want = model.get_parameter(name).shape if name in expected else None
         if want is not None and tuple(t.shape) != tuple(want):
-            raise ModelLoadError(f"{source}: tensor {name} has shape {tuple(t.shape)}, want {tuple(want)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items() if k in expected},
-                          strict=False, assign=True)
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {tuple(t.shape)}, want {tuple(want)}"
+            )
+    model.load_state_dict(
+        {k: v.to(dtype) for k, v in state.items() if k in expected}, strict=False, assign=True
+    )
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     return model.eval().requires_grad_(False)

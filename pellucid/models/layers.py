@@ -93,8 +93,9 @@ class Attention(nn.Module):
         if ctx is not None:  # inference: B == 1 and T is every token of the step
             out = paged_attention(q[0], k[0], v[0], self.layer, ctx, self.window, self.scale)
         else:  # training / full recompute: causal attention within each row of the batch
-            out = self.attend_within(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                     positions).transpose(1, 2)  # (B, T, H, hd)
+            out = self.attend_within(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), positions
+            ).transpose(1, 2)  # (B, T, H, hd)
         return self.o_proj(out.reshape(B, T, -1))
 
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:

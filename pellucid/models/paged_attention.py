@@ -24,16 +24,16 @@ def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
     return allowed
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float,
-           keep: list[Tensor] | None = None) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, keep: list[Tensor] | None = None
+) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v with grouped KV heads; q (B, H, T, hd), k/v (B, Hkv, S, hd).
 
     With `keep`, the probabilities are computed explicitly and appended to it (for `explain`);
     otherwise the fused SDPA kernel runs.
     """
     if keep is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                              enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     probs = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
@@ -69,8 +69,15 @@ def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: 
     return (scores.softmax(-1).to(v.dtype) @ v).view(B, H, T, hd)
 
 
-def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardContext,
-                    window: int | None, scale: float) -> Tensor:
+def paged_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layer: int,
+    ctx: ForwardContext,
+    window: int | None,
+    scale: float,
+) -> Tensor:
     """q (N, H, hd), k/v (N, Hkv, hd) for the step's N tokens -> attention output (N, H, hd)."""
     k_cache, v_cache = ctx.k_cache[layer], ctx.v_cache[layer]
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -83,16 +90,26 @@ def paged_attention(q: Tensor, k: Tensor, v: Tensor, layer: int, ctx: ForwardCon
         if s.ctx_len == s.length and window is None and keep is None:
             # Nothing cached before this chunk: its keys are this step's own, in the queries'
             # dtype already, so no gather from the pool.
-            o = attend_causal(q[rows].transpose(0, 1)[None], k[rows].transpose(0, 1)[None],
-                              v[rows].transpose(0, 1)[None], scale)
+            o = attend_causal(
+                q[rows].transpose(0, 1)[None],
+                k[rows].transpose(0, 1)[None],
+                v[rows].transpose(0, 1)[None],
+                scale,
+            )
             out[rows] = o[0].transpose(0, 1)
             continue
         keys = k_cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]  # (S, Hkv, hd)
         values = v_cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]
         k_pos = torch.arange(s.ctx_len)
         mask = attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
-        o = attend(q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None].to(q.dtype),
-                   values.transpose(0, 1)[None].to(q.dtype), mask, scale, keep)
+        o = attend(
+            q[rows].transpose(0, 1)[None],
+            keys.transpose(0, 1)[None].to(q.dtype),
+            values.transpose(0, 1)[None].to(q.dtype),
+            mask,
+            scale,
+            keep,
+        )
         out[rows] = o[0].transpose(0, 1)
     if ctx.decode is not None:
         d = ctx.decode
@@ -123,8 +140,9 @@ def padded_mask(d: DecodeBatch, window: int | None, block_size: int) -> Tensor:
     after the query's position."""
     if window not in d.masks:
         max_len = d.block_tables.shape[1] * block_size
-        d.masks[window] = attention_mask((d.ctx_lens - 1)[:, None], torch.arange(max_len)[None],
-                                         window)[:, None]
+        d.masks[window] = attention_mask(
+            (d.ctx_lens - 1)[:, None], torch.arange(max_len)[None], window
+        )[:, None]
     return d.masks[window]
 
 
@@ -136,8 +154,9 @@ def gather_blocks(cache: Tensor, block_tables: Tensor) -> Tensor:
     return blocks.view(B, n * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
-def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                     mask: Tensor, scale: float) -> Tensor:
+def decode_attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, mask: Tensor, scale: float
+) -> Tensor:
     """One query per sequence, q (B, H, hd) -> (B, H, hd) in q's dtype (float32 here, whatever
     the cache's): gather each sequence's keys and values through its block table, then the
     fused SDPA kernel."""
@@ -151,8 +170,9 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     return o.reshape(B, H, hd)
 
 
-def decode_attention_by_block(q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeBatch,
-                              window: int | None, scale: float) -> Tensor:
+def decode_attention_by_block(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, d: DecodeBatch, window: int | None, scale: float
+) -> Tensor:
     """decode_attention for inductor, q (B, H, hd) float32 -> (B, H, hd), in two stages.
 
     1. Each block any row uses is attended by that row's query on its own (T blocks, no padding

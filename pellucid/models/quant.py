@@ -86,12 +86,17 @@ class Int4Linear(PackedLinear):
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
         if not int4_packable(out_features, in_features):
-            raise ValueError(f"int4 needs in % {GROUP} == 0 and out % {CHANNEL_BLOCK} == 0, "
-                             f"got a {out_features}x{in_features} matrix")
-        self.register_buffer("packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
+            raise ValueError(
+                f"int4 needs in % {GROUP} == 0 and out % {CHANNEL_BLOCK} == 0, "
+                f"got a {out_features}x{in_features} matrix"
+            )
+        self.register_buffer(
+            "packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8)
+        )
         # (in/GROUP, out, 2): the scale and zero of each group, as the kernel wants them
-        self.register_buffer("scales_zeros",
-                             torch.empty(in_features // GROUP, out_features, 2, dtype=torch.bfloat16))
+        self.register_buffer(
+            "scales_zeros", torch.empty(in_features // GROUP, out_features, 2, dtype=torch.bfloat16)
+        )
 
     def pack(self, w: Tensor) -> None:
         """Group by group along the input: each group's min..max maps onto 0..15."""
@@ -106,8 +111,9 @@ class Int4Linear(PackedLinear):
         self.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP,
-                                                          self.scales_zeros)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, GROUP, self.scales_zeros
+        )
 
     def dequantize(self) -> Tensor:
         """The bf16 (out, in) matrix. The CPU packing interleaves blocks of 64 output channels:
@@ -180,6 +186,7 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
     is also the head's matrix for many rows. `stored`: the state-dict keys of a cached packed
     model, which say which matrices are int4 (for a skeleton on the meta device).
     """
+
     def kind(name: str) -> str | None:
         return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
 

@@ -110,8 +110,12 @@ def _v1_router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         tok = state.llm.tokenizer
         ids = tok.encode(body.prompt, add_special=body.add_special_tokens, parse_special=True)
-        return TokenizeResponse(count=len(ids), max_model_len=state.llm.engine.max_model_len,
-                                tokens=ids, pieces=[tok.id_to_piece(i) for i in ids])
+        return TokenizeResponse(
+            count=len(ids),
+            max_model_len=state.llm.engine.max_model_len,
+            tokens=ids,
+            pieces=[tok.id_to_piece(i) for i in ids],
+        )
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
@@ -119,8 +123,9 @@ def _v1_router(state: ServerState) -> APIRouter:
         vocab = state.llm.model.cfg.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise bad_request(f"tokens {bad[:5]} are outside the vocabulary (0..{vocab - 1})",
-                              "tokens")
+            raise bad_request(
+                f"tokens {bad[:5]} are outside the vocabulary (0..{vocab - 1})", "tokens"
+            )
         return DetokenizeResponse(prompt=state.llm.tokenizer.decode(body.tokens))
 
     return router

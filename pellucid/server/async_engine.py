@@ -185,8 +185,9 @@ class AsyncEngine:
     def check_room(self, sequences: int, tokens: int) -> None:
         """Raise unless the engine runs and `sequences` holding `tokens` fit within the limits."""
         if not self.accepting:
-            raise ShuttingDownError("the server is shutting down: send the request elsewhere "
-                                    "or retry once it is back")
+            raise ShuttingDownError(
+                "the server is shutting down: send the request elsewhere or retry once it is back"
+            )
         if not self.is_running:
             raise EngineDeadError("the engine is not running (the server is stopping or crashed)")
         held = self.in_flight
@@ -277,8 +278,10 @@ class AsyncEngine:
                 continue
             handle, index = owner
             self.metrics.rejected("queue_timeout")
-            error = QueueTimeoutError(f"the request waited {timeout:g} s in the queue without "
-                                      "being started: the server is overloaded, retry later")
+            error = QueueTimeoutError(
+                f"the request waited {timeout:g} s in the queue without "
+                "being started: the server is overloaded, retry later"
+            )
             self._deliver(handle, index, error)
 
     def _step(self) -> None:

@@ -67,16 +67,12 @@ async def chat(state: ServerState, body: ChatCompletionRequest, request: Request
     handle = state.submit([prompt], [sampling])
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        return HandleStream(
-            _chat_events(state, body, handle, rid, created, prompt), handle
-        )
+        return HandleStream(_chat_events(state, body, handle, rid, created, prompt), handle)
     finals = await _gather(state, handle, request)
     if finals is None:
         return Response(status_code=499)  # the client closed the request: nobody reads this
     tok = state.llm.tokenizer
-    choices = [
-        _choice(i, out, prompt.parse_calls, tok) for i, out in sorted(finals.items())
-    ]
+    choices = [_choice(i, out, prompt.parse_calls, tok) for i, out in sorted(finals.items())]
     used = sum(len(o.token_ids) for o in finals.values())
     return JSONResponse(
         ChatCompletionResponse(
@@ -96,10 +92,13 @@ def _choice(index: int, out: RequestOutput, parse_calls: bool, tok: Tokenizer) -
     message, reason = ChatMessageOut(content=out.text), out.finish_reason
     if parse_calls:
         reply = parse_tool_calls(out.text)
-        calls = [ToolCallItem(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
-                 for c in reply.tool_calls]
-        message = ChatMessageOut(content=reply.content or (None if calls else ""),
-                                 tool_calls=calls or None)
+        calls = [
+            ToolCallItem(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in reply.tool_calls
+        ]
+        message = ChatMessageOut(
+            content=reply.content or (None if calls else ""), tool_calls=calls or None
+        )
         if calls and reason == "stop":
             reason = "tool_calls"
     logprobs = R.chat_logprobs(tok, out.logprobs) if out.logprobs is not None else None
@@ -142,10 +141,19 @@ async def _chat_events(
             if calls:
                 first = calls_sent[index]
                 calls_sent[index] += len(calls)
-                yield chunk(index, Delta(tool_calls=[
-                    DeltaToolCall(index=first + k, id=c.id,
-                                  function=FunctionCall(name=c.name, arguments=c.arguments))
-                    for k, c in enumerate(calls)]))
+                yield chunk(
+                    index,
+                    Delta(
+                        tool_calls=[
+                            DeltaToolCall(
+                                index=first + k,
+                                id=c.id,
+                                function=FunctionCall(name=c.name, arguments=c.arguments),
+                            )
+                            for k, c in enumerate(calls)
+                        ]
+                    ),
+                )
             if out.finished:
                 used += len(out.token_ids)
                 reason = out.finish_reason
@@ -157,8 +165,9 @@ async def _chat_events(
     else:
         wants_usage = body.stream_options is not None and body.stream_options.include_usage
         usage = R.usage(len(prompt.ids), used) if wants_usage else None
-        for event in R.closing_events("chat.completion.chunk", rid, created, state.model_name,
-                                      usage, handle.traces):
+        for event in R.closing_events(
+            "chat.completion.chunk", rid, created, state.model_name, usage, handle.traces
+        ):
             yield event
     yield R.SSE_DONE
 
@@ -246,8 +255,9 @@ async def _text_events(
         if body.stream_options is not None and body.stream_options.include_usage:
             prompt_tokens = sum(len(p.ids) for p in choice_prompts[:: body.n])
             usage = R.usage(prompt_tokens, used)
-        for event in R.closing_events("text_completion", rid, created, state.model_name, usage,
-                                      handle.traces):
+        for event in R.closing_events(
+            "text_completion", rid, created, state.model_name, usage, handle.traces
+        ):
             yield event
     yield R.SSE_DONE
 

@@ -38,9 +38,14 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
     if not isinstance(choice, str):
         choice = choice.model_dump()
     try:
-        chat = prepare_chat(llm.tokenizer, messages, tools=tools, tool_choice=choice,
-                            parallel_tool_calls=request.parallel_tool_calls,
-                            response_format=_response_format(request))
+        chat = prepare_chat(
+            llm.tokenizer,
+            messages,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            response_format=_response_format(request),
+        )
     except PromptError as e:  # e.g. a base model without a chat template
         raise bad_request(str(e), "messages") from e
     except ValueError as e:  # a tool_choice naming no tool, a bad schema, a call's arguments
@@ -55,8 +60,10 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
         try:  # compile once here, so a schema llguidance refuses is a 400, not a failed stream
             llm.engine.grammars.matcher(chat.grammar)
         except ValueError as e:
-            raise bad_request(f"the tools' or response_format's JSON schema: {e}",
-                              "tools" if tools else "response_format") from e
+            raise bad_request(
+                f"the tools' or response_format's JSON schema: {e}",
+                "tools" if tools else "response_format",
+            ) from e
     return Prompt(ids, "", chat.grammar, chat.parse_calls, chat.close_margin)
 
 
@@ -73,8 +80,10 @@ def _response_format(request: ChatCompletionRequest) -> dict | None:
     if rf is None:
         return None
     if rf.type == "json_schema" and rf.json_schema is None:
-        raise bad_request("response_format json_schema needs a 'json_schema' object with "
-                          "'name' and 'schema'", "response_format")
+        raise bad_request(
+            "response_format json_schema needs a 'json_schema' object with 'name' and 'schema'",
+            "response_format",
+        )
     return rf.model_dump(by_alias=True, exclude_none=True)
 
 

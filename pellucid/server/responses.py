@@ -97,11 +97,17 @@ def timings(outputs: list[RequestOutput]) -> dict[str, object]:
 
 def traces(traces: dict[int, Recorder]) -> dict[str, object]:
     """The pellucid extension's traces: choice index -> its records (only choices that asked)."""
-    return {"traces": {str(i): r.trace.to_dict() for i, r in sorted(traces.items())}} if traces else {}
+    return (
+        {"traces": {str(i): r.trace.to_dict() for i, r in sorted(traces.items())}} if traces else {}
+    )
 
 
 def closing_events(
-    obj: str, rid: str, created: int, model: str, usage_: Usage | None,
+    obj: str,
+    rid: str,
+    created: int,
+    model: str,
+    usage_: Usage | None,
     traces_: dict[int, Recorder],
 ) -> list[str]:
     """The stream's last events before [DONE]: usage (if asked) and traces (if any), each a

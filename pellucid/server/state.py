@@ -90,8 +90,9 @@ class ServerState:
         ):
             if isinstance(e, refusal):
                 kind = "requests" if status == 429 else "server_error"
-                return APIError(status, str(e), kind=kind, code=code,
-                                retry_after=self.limits.retry_after_s)
+                return APIError(
+                    status, str(e), kind=kind, code=code, retry_after=self.limits.retry_after_s
+                )
         if isinstance(e, EngineDeadError):
             return APIError(503, str(e), kind="server_error", code="engine_unavailable")
         return None

@@ -22,8 +22,9 @@ _CALL = f'"{CALL_OPEN}\\n" body "\\n{CALL_CLOSE}"'
 MAX_PARALLEL_CALLS = 8
 
 
-def tool_call_grammar(tools: list[dict], tool_choice: str | dict = "required",
-                      parallel: bool = True) -> str | None:
+def tool_call_grammar(
+    tools: list[dict], tool_choice: str | dict = "required", parallel: bool = True
+) -> str | None:
     """The grammar for a reply under tool_choice; None when nothing is constrained ("none")."""
     choice = tool_choice_name(tools, tool_choice)
     if choice == "none":
@@ -32,10 +33,12 @@ def tool_call_grammar(tools: list[dict], tool_choice: str | dict = "required",
         tools = [t for t in tools if function_of(t)["name"] == choice]
     more = f' ("\\n" {_CALL}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else ""
     if choice == "auto":
-        start = (f'start: free_text | call_open "\\n" body "\\n{CALL_CLOSE}"{more}\n'
-                 f'call_open[lazy]: TEXT "{CALL_OPEN}"\n'
-                 "free_text: TEXT\n"
-                 "TEXT: /(.|\\n)*/\n")
+        start = (
+            f'start: free_text | call_open "\\n" body "\\n{CALL_CLOSE}"{more}\n'
+            f'call_open[lazy]: TEXT "{CALL_OPEN}"\n'
+            "free_text: TEXT\n"
+            "TEXT: /(.|\\n)*/\n"
+        )
     else:
         start = f"start: {_CALL}{more}\n"
     return f"%llguidance {{}}\n{start}body: %json {json.dumps(call_schema(tools))}\n"
@@ -43,13 +46,18 @@ def tool_call_grammar(tools: list[dict], tool_choice: str | dict = "required",
 
 def call_schema(tools: list[dict]) -> dict:
     """JSON schema of one call: {"name": <one tool>, "arguments": <that tool's parameters>}."""
-    options = [{
-        "type": "object",
-        "properties": {"name": {"const": f["name"]},
-                       "arguments": strict(f.get("parameters") or {"type": "object", "properties": {}})},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    } for f in map(function_of, tools)]
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": strict(f.get("parameters") or {"type": "object", "properties": {}}),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in map(function_of, tools)
+    ]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     return {**schema, "x-guidance": JSON_STYLE}
 
@@ -85,12 +93,14 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise ValueError("response_format json_schema needs {'json_schema': {'name': ..., "
-                             "'schema': {...}}}")
+            raise ValueError(
+                "response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}"
+            )
         schema = spec.get("schema") or {"type": "object"}
         return "start: %json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
-    raise ValueError(f"response_format type must be 'text', 'json_object' or 'json_schema', "
-                     f"got {kind!r}")
+    raise ValueError(
+        f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}"
+    )
 
 
 def tool_choice_name(tools: list[dict], tool_choice: str | dict) -> str:
@@ -99,12 +109,16 @@ def tool_choice_name(tools: list[dict], tool_choice: str | dict) -> str:
         name = (tool_choice.get("function") or {}).get("name")
         known = [function_of(t)["name"] for t in tools]
         if name not in known:
-            raise ValueError(f"tool_choice names function {name!r}, which is not among the "
-                             f"tools ({', '.join(known) or 'none given'})")
+            raise ValueError(
+                f"tool_choice names function {name!r}, which is not among the "
+                f"tools ({', '.join(known) or 'none given'})"
+            )
         return name
     if tool_choice not in ("none", "auto", "required"):
-        raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or "
-                         f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}")
+        raise ValueError(
+            f"tool_choice must be 'none', 'auto', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}, got {tool_choice!r}"
+        )
     if tool_choice == "required" and not tools:
         raise ValueError("tool_choice is 'required' but no tools were given")
     return tool_choice if tools else "none"
@@ -114,8 +128,10 @@ def function_of(tool: dict) -> dict:
     """The {"name", "description", "parameters"} part of an OpenAI tools entry, checked."""
     f = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
-        raise ValueError(f"each tool must be {{'type': 'function', 'function': {{'name': ..., "
-                         f"'parameters': {{...}}}}}}, got {tool!r:.200}")
+        raise ValueError(
+            f"each tool must be {{'type': 'function', 'function': {{'name': ..., "
+            f"'parameters': {{...}}}}}}, got {tool!r:.200}"
+        )
     params = f.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise ValueError(f"parameters of tool {f['name']!r} must be a JSON schema object")

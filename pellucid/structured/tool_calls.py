@@ -26,8 +26,11 @@ class ToolCall:
 
     def openai(self) -> dict:
         """The entry of an assistant message's `tool_calls` list."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass(slots=True)

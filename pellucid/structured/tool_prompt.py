@@ -68,8 +68,10 @@ def _calls_text(message: dict) -> str:
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as e:
-                raise ValueError(f"the arguments of the earlier call to {f['name']!r} in the "
-                                 f"messages are not JSON ({e}): {args[:100]!r}") from e
+                raise ValueError(
+                    f"the arguments of the earlier call to {f['name']!r} in the "
+                    f"messages are not JSON ({e}): {args[:100]!r}"
+                ) from e
         body = json.dumps({"name": f["name"], "arguments": args}, ensure_ascii=False)
         blocks.append(f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}")
     content = _text(message.get("content"))

@@ -28,10 +28,19 @@ from pellucid.trace.records import Explanation, NoCacheComparison, TrainingStep,
 TRAIN_TEXT = "The capital of India is New Delhi."
 
 
-def explain(llm: LLM, prompt: str, params: SamplingParams, *, layer: int | None = None,
-            head: int | None = None, focus: str | None = None, chat: bool = False,
-            compare_no_cache: bool = False, training: bool = False,
-            train_text: str = TRAIN_TEXT) -> Explanation:
+def explain(
+    llm: LLM,
+    prompt: str,
+    params: SamplingParams,
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+    focus: str | None = None,
+    chat: bool = False,
+    compare_no_cache: bool = False,
+    training: bool = False,
+    train_text: str = TRAIN_TEXT,
+) -> Explanation:
     """Generate once with every layer's attention and the logit lens traced, then run the extras."""
     ids = llm.chat_prompt([{"role": "user", "content": prompt}]) if chat else llm.encode(prompt)
     before = weights_fingerprint(llm.model)
@@ -85,7 +94,7 @@ def pick_head(trace: Trace, focus: int) -> tuple[int, int]:
     for amap in trace.attention:
         for h, matrix in zip(amap.heads, amap.prompt):
             looks_at = matrix[focus][1:focus]  # what focus attends to, sink and self left out
-            looked_at = [row[focus] for row in matrix[focus + 1:]]  # who attends to focus
+            looked_at = [row[focus] for row in matrix[focus + 1 :]]  # who attends to focus
             values = looks_at + looked_at
             score = sum(values) / len(values) if values else 0.0
             if score > best_score:
@@ -116,8 +125,9 @@ def no_cache_comparison(llm: LLM, ids: list[int], params: SamplingParams) -> NoC
     cfg, T = llm.model.cfg, len(ids)
     cached = forward_flops(cfg, T, T) + sum(forward_flops(cfg, 1, T + i) for i in range(1, n))
     uncached = sum(forward_flops(cfg, T + i, T + i) for i in range(n))
-    return NoCacheComparison(n, cached_s, uncached_s, cached, uncached,
-                             tokens[T:] == seq.output_ids)
+    return NoCacheComparison(
+        n, cached_s, uncached_s, cached, uncached, tokens[T:] == seq.output_ids
+    )
 
 
 def forward_flops(cfg: ModelConfig, new: int, context: int) -> int:
@@ -131,8 +141,9 @@ def forward_flops(cfg: ModelConfig, new: int, context: int) -> int:
 
 
 # --- training vs inference ------------------------------------------------------------------
-def training_walk(llm: LLM, sentence: str, served_before: str, steps: int = 4,
-                  lr: float = 2e-3) -> TrainingWalk:
+def training_walk(
+    llm: LLM, sentence: str, served_before: str, steps: int = 4, lr: float = 2e-3
+) -> TrainingWalk:
     """Plain gradient descent on one sentence, on a copy of the weights. served_before is the
     served weights' fingerprint before any generation: after generating and training, it must
     still match (inference and training-on-a-copy leave the served model as it was)."""
@@ -157,16 +168,25 @@ def training_walk(llm: LLM, sentence: str, served_before: str, steps: int = 4,
                     delta = p.grad * -lr
                     p.add_(delta)
                     update_sq += float(delta.square().sum())
-        records.append(TrainingStep(step, loss.item(), target_prob, grad_norm,
-                                    math.sqrt(update_sq)))
+        records.append(
+            TrainingStep(step, loss.item(), target_prob, grad_norm, math.sqrt(update_sq))
+        )
     with torch.no_grad():
         final_loss, final_prob = _loss(model, x, y)
     original = dict(llm.model.named_parameters())
     changed = sum(not torch.equal(p, original[name]) for name, p in model.named_parameters())
-    return TrainingWalk(sentence, [llm.tokenizer.id_to_piece(i) for i in ids], lr, records,
-                        float(final_loss), final_prob, changed, len(original),
-                        weights_fingerprint(llm.model) == served_before,
-                        time.perf_counter() - start)
+    return TrainingWalk(
+        sentence,
+        [llm.tokenizer.id_to_piece(i) for i in ids],
+        lr,
+        records,
+        float(final_loss),
+        final_prob,
+        changed,
+        len(original),
+        weights_fingerprint(llm.model) == served_before,
+        time.perf_counter() - start,
+    )
 
 
 def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -204,6 +224,8 @@ def _with(params: SamplingParams, **changes: object) -> SamplingParams:
 
 def _check_head(cfg: ModelConfig, layer: int, head: int) -> None:
     if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"--layer {layer} does not exist: the model has layers 0..{cfg.n_layers - 1}")
+        raise ValueError(
+            f"--layer {layer} does not exist: the model has layers 0..{cfg.n_layers - 1}"
+        )
     if not 0 <= head < cfg.n_heads:
         raise ValueError(f"--head {head} does not exist: the model has heads 0..{cfg.n_heads - 1}")

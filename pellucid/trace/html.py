@@ -33,8 +33,11 @@ def write_html(ex: Explanation, path: str | Path) -> Path:
 def web_view(model_name: str, n_layers: int, n_heads: int) -> str:
     """The chat page `pellucid serve` shows at /, for a model of this shape."""
     page = WEB_VIEW.read_text(encoding="utf-8")
-    return (page.replace("__MODEL_NAME__", html.escape(model_name))
-            .replace("__N_LAYERS__", str(n_layers)).replace("__N_HEADS__", str(n_heads)))
+    return (
+        page.replace("__MODEL_NAME__", html.escape(model_name))
+        .replace("__N_LAYERS__", str(n_layers))
+        .replace("__N_HEADS__", str(n_heads))
+    )
 
 
 def _rounded(x: object) -> object:

@@ -24,9 +24,14 @@ MAX_PROB_STEPS = 8  # steps drawn in probabilities.png
 def write_plots(ex: Explanation, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {"attention": attention(ex), "attention_heads": attention_heads(ex),
-               "timing": timing(ex.trace), "kv_cache": kv_growth(ex.trace),
-               "probabilities": probabilities(ex.trace), "stages": stages(ex.trace)}
+    figures = {
+        "attention": attention(ex),
+        "attention_heads": attention_heads(ex),
+        "timing": timing(ex.trace),
+        "kv_cache": kv_growth(ex.trace),
+        "probabilities": probabilities(ex.trace),
+        "stages": stages(ex.trace),
+    }
     if ex.no_cache is not None:
         figures["no_cache"] = no_cache(ex)
     if ex.training is not None:
@@ -92,12 +97,17 @@ def timing(t: Trace) -> Figure:
     chunks = [c.seconds * 1000 for c in t.prefill.chunks]
     decode = [s.seconds * 1000 for s in t.decode_steps]
     ax.bar(range(len(chunks)), chunks, color="#f08c00", label="pre-fill (whole prompt)")
-    ax.bar(range(len(chunks), len(chunks) + len(decode)), decode, color="#4c6ef5",
-           label="decode (one token)")
+    ax.bar(
+        range(len(chunks), len(chunks) + len(decode)),
+        decode,
+        color="#4c6ef5",
+        label="decode (one token)",
+    )
     ax.set_xlabel("forward pass")
     ax.set_ylabel("ms")
-    ax.set_title(f"Time per step: pre-fill {t.prefill.prompt_tokens} tokens at once, "
-                 "then one token per step")
+    ax.set_title(
+        f"Time per step: pre-fill {t.prefill.prompt_tokens} tokens at once, then one token per step"
+    )
     ax.legend()
     return fig
 
@@ -108,8 +118,14 @@ def kv_growth(t: Trace) -> Figure:
     kib = [s.context_tokens * t.kv.bytes_per_token / 1024 for s in t.steps]
     allocated = [s.kv_blocks * t.kv.block_size * t.kv.bytes_per_token / 1024 for s in t.steps]
     ax.plot(steps, kib, marker="o", color="#12b886", label="K/V held")
-    ax.step(steps, allocated, where="post", color="#868e96", linestyle="--",
-            label=f"blocks allocated ({t.kv.block_size} tokens each)")
+    ax.step(
+        steps,
+        allocated,
+        where="post",
+        color="#868e96",
+        linestyle="--",
+        label=f"blocks allocated ({t.kv.block_size} tokens each)",
+    )
     ax.set_xlabel("step")
     ax.set_ylabel("KiB")
     ax.set_title(f"KV cache growth: {t.kv.bytes_per_token:,} bytes per token")
@@ -139,11 +155,13 @@ def stages(t: Trace) -> Figure | None:
     if not t.steps:
         return None
     step = t.steps[0]
-    fig, axes = plt.subplots(1, len(step.stages), figsize=(2.4 * len(step.stages), 3),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(step.stages), figsize=(2.4 * len(step.stages), 3), squeeze=False
+    )
     for ax, st in zip(axes[0], step.stages):
-        ax.barh([repr(c.piece) for c in st.top][::-1], [c.prob for c in st.top][::-1],
-                color="#4c6ef5")
+        ax.barh(
+            [repr(c.piece) for c in st.top][::-1], [c.prob for c in st.top][::-1], color="#4c6ef5"
+        )
         ax.set_xlim(0, 1)
         ax.set_title(f"{st.name}\n{st.kept:,} left", fontsize=9)
         ax.tick_params(labelsize=8)

@@ -156,8 +156,9 @@ def report(runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw, out: Path)
     return "\n".join(lines)
 
 
-def plot_scaling(runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw,
-                 path: Path) -> Path | None:
+def plot_scaling(
+    runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw, path: Path
+) -> Path | None:
     """Left: loss against compute, one line per size, and the frontier's fit. Right: loss against
     parameters at the largest budget, and its fit."""
     try:
@@ -180,8 +181,12 @@ def plot_scaling(runs: list[ScaleRun], law: PowerLaw, params_law: PowerLaw,
     plot_fit(by_c, law, [r.compute for r in runs], "C")
     by_c.set_xlabel("training compute C (FLOPs)")
     largest = sorted((r for r in runs if r.name in params_law.fitted), key=lambda r: r.params)
-    by_n.plot([r.params for r in largest], [r.val_loss for r in largest], "o",
-              label=f"{largest[0].tokens:,} tokens each")
+    by_n.plot(
+        [r.params for r in largest],
+        [r.val_loss for r in largest],
+        "o",
+        label=f"{largest[0].tokens:,} tokens each",
+    )
     plot_fit(by_n, params_law, [r.params for r in largest], "N")
     by_n.set_xlabel("parameters N")
     for ax in (by_c, by_n):
@@ -203,5 +208,9 @@ def plot_fit(ax, law: PowerLaw, xs: list[float], name: str) -> None:
     """The fitted power law as a dashed line across the x range of the points."""
     lo, hi = min(xs), max(xs)
     grid = [lo * (hi / lo) ** (i / 50) for i in range(51)]
-    ax.plot(grid, [law.loss_at(x) for x in grid], "k--",
-            label=f"{law.a:.3g}·{name}^-{law.alpha:.3f} (R² {law.r2:.3f})")
+    ax.plot(
+        grid,
+        [law.loss_at(x) for x in grid],
+        "k--",
+        label=f"{law.a:.3g}·{name}^-{law.alpha:.3f} (R² {law.r2:.3f})",
+    )

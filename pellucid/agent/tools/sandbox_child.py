@@ -63,29 +63,65 @@ def _make_hook(tmp, read_roots):
     # Only immutable values here: a traceback can reach the hook's frame, and its f_locals.
     # These are C-level events, whose path arguments are already converted to str or bytes.
     reads = frozenset({"os.listdir", "os.scandir", "os.listxattr", "os.getxattr"})
-    writes = frozenset({
-        "os.chdir", "os.chmod", "os.chown", "os.chflags", "os.mkdir", "os.rmdir", "os.remove",
-        "os.truncate", "os.utime", "os.setxattr", "os.removexattr",
-    })
+    writes = frozenset(
+        {
+            "os.chdir",
+            "os.chmod",
+            "os.chown",
+            "os.chflags",
+            "os.mkdir",
+            "os.rmdir",
+            "os.remove",
+            "os.truncate",
+            "os.utime",
+            "os.setxattr",
+            "os.removexattr",
+        }
+    )
     reasons = (
-        ("starting processes", ("os.system os.exec os.posix_spawn os.spawn os.fork os.forkpty "
-                                "os.startfile subprocess.Popen pty.spawn")),
+        (
+            "starting processes",
+            (
+                "os.system os.exec os.posix_spawn os.spawn os.fork os.forkpty "
+                "os.startfile subprocess.Popen pty.spawn"
+            ),
+        ),
         ("sending signals", "os.kill os.killpg signal.pthread_kill"),
         ("creating links", "os.link os.symlink"),
         ("changing resource limits", "resource.setrlimit resource.prlimit"),
-        ("opening databases (sqlite can attach any file)",
-            "sqlite3.connect sqlite3.enable_load_extension sqlite3.load_extension"),
-        ("tracing, heap walking and subinterpreters (they can switch the sandbox off)",
-            ("sys.settrace sys.setprofile gc.get_objects gc.get_referrers gc.get_referents "
-             "cpython.PyInterpreterState_New")),
+        (
+            "opening databases (sqlite can attach any file)",
+            "sqlite3.connect sqlite3.enable_load_extension sqlite3.load_extension",
+        ),
+        (
+            "tracing, heap walking and subinterpreters (they can switch the sandbox off)",
+            (
+                "sys.settrace sys.setprofile gc.get_objects gc.get_referrers gc.get_referents "
+                "cpython.PyInterpreterState_New"
+            ),
+        ),
         ("opening a browser", "webbrowser.open"),
     )
     refused = frozenset(" ".join(events for _, events in reasons).split())
-    no_import = frozenset({
-        "ctypes", "_ctypes", "_posixsubprocess", "_posixshmem", "_multiprocessing", "_ssl", "_dbm",
-        "_gdbm", "readline", "_curses", "_curses_panel", "_tkinter", "_xxsubinterpreters",
-        "_xxinterpchannels", "_interpreters",
-    })
+    no_import = frozenset(
+        {
+            "ctypes",
+            "_ctypes",
+            "_posixsubprocess",
+            "_posixshmem",
+            "_multiprocessing",
+            "_ssl",
+            "_dbm",
+            "_gdbm",
+            "readline",
+            "_curses",
+            "_curses_panel",
+            "_tkinter",
+            "_xxsubinterpreters",
+            "_xxinterpchannels",
+            "_interpreters",
+        }
+    )
 
     def hook(event, args):
         if event == "open":
@@ -115,7 +151,9 @@ def _make_hook(tmp, read_roots):
                 # A relative path may be resolved against a dir_fd the hook cannot see; without
                 # "..", and with no symlinks in the temp dir, it stays below that directory.
                 if not path.startswith("/") and ".." in path.split("/"):
-                    raise denied(f"sandbox: '..' in the relative path {path!r}; use an absolute path")
+                    raise denied(
+                        f"sandbox: '..' in the relative path {path!r}; use an absolute path"
+                    )
                 full = realpath(path, getcwd(), lstat, readlink, oserror)
                 if full in devices:
                     continue
@@ -146,9 +184,11 @@ def _make_hook(tmp, read_roots):
             for reason, events in reasons:
                 if event in events.split():
                     raise denied(f"sandbox: {reason} is not allowed ({event})")
-        elif event == "socket.__new__" and issubclass_(type_(args[1]), int_) and int_copy(
-            args[1]
-        ) == 1:
+        elif (
+            event == "socket.__new__"
+            and issubclass_(type_(args[1]), int_)
+            and int_copy(args[1]) == 1
+        ):
             pass  # an AF_UNIX socket, for asyncio's socketpair; its connect and bind are refused
         elif event.startswith("socket."):
             raise denied(f"sandbox: network access is not allowed ({event})")
@@ -171,6 +211,7 @@ def _landlock(tmp, read_roots):
     or devices, execute nothing; with ABI 4+ no TCP, with ABI 6+ no signals out."""
     import ctypes
     import struct
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
@@ -178,7 +219,11 @@ def _landlock(tmp, read_roots):
         if abi < 1:
             return
         fs = (1 << 13) - 1  # EXECUTE ... MAKE_SYM
-        fs |= (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (1 << 15 if abi >= 5 else 0)
+        fs |= (
+            (1 << 13 if abi >= 2 else 0)
+            | (1 << 14 if abi >= 3 else 0)
+            | (1 << 15 if abi >= 5 else 0)
+        )
         attr = struct.pack("QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
         attr = attr[: 8 if abi < 4 else 16 if abi < 6 else 24]  # the struct grew with the ABI
         ruleset = libc.syscall(444, attr, len(attr), 0)
@@ -227,8 +272,10 @@ def _main():
     # subprocess imports fine, but its fork_exec is a stub: Popen is refused by the hook anyway,
     # and the real _posixsubprocess, which would fork unaudited, cannot be imported any more.
     stub = types.ModuleType("_posixsubprocess")
+
     def fork_exec(*args):
         raise PermissionError("sandbox: starting processes is not allowed")
+
     stub.fork_exec = fork_exec
     sys.modules["_posixsubprocess"] = stub
     sys.path.insert(0, tmp)

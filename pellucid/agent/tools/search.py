@@ -29,8 +29,9 @@ class _Index:
     retriever: bm25s.BM25
 
 
-def make_search_tool(folder: str | Path | None = None, k: int = 3,
-                     sentences: int | None = None) -> Tool:
+def make_search_tool(
+    folder: str | Path | None = None, k: int = 3, sentences: int | None = None
+) -> Tool:
     """A "search" tool over `folder` (its .txt and .md files) or, if None, Wikipedia leads.
 
     Each hit shows its first ~600 characters, or only its first `sentences` sentences: a small
