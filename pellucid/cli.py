@@ -95,8 +95,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the decode step: ~1.8x faster decoding after a compile "
-        "of 20-90 s (15-30 s once cached)",
+        help="torch.compile the decode step: faster decoding after a compile of tens of "
+        "seconds (shorter once cached)",
     )
 
 
@@ -280,7 +280,10 @@ def run_serve(args: argparse.Namespace) -> int:
         compile=args.compile,
     )
     if args.compile:
-        print("Compiling the decode step (20-90 s the first time, then cached)...", file=sys.stderr)
+        print(
+            "Compiling the decode step (tens of seconds the first time, then cached)...",
+            file=sys.stderr,
+        )
         llm.warm_up()
     entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
     name = entry.name if entry is not None else llm.path.name

@@ -30,7 +30,7 @@ from pellucid.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-FAST_PATH = "int4"  # int4/int8 weights, bf16 activations, float32 KV cache: models/quant.py
+FAST_PATH = "int4"  # int4/int8 weights, bf16 activations and KV cache: models/quant.py
 
 
 class LLM:

@@ -2,7 +2,8 @@
 
 glibc gives the top of the heap back once more than 128 KiB of it is free, so every training
 step (whose activations and gradients are freed at its end) faults the same pages in again, one
-zero-filled page at a time: ~3 ms of a 22 ms step at nanoGPT's baby size on this CPU.
+zero-filled page at a time: a sizeable part of a small model's step
+(benchmarks/results/comments.md).
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 included, for steps whose rows all decode one token — the step a chat repeats hundreds of times.
 
 Why: in eager mode each of the ~40 small ops per layer is a separate call from Python, and over
-30 layers that overhead outweighs the arithmetic of a one-token step (SmolLM2 int4: ~15 ms a
-token, ~5 ms of it in the matrix kernels). Inductor fuses the element-wise ops into a few C++
-kernels; the same decode runs ~1.8x faster. A packed model's LM head also switches to fbgemm
-for one row (models/fbgemm.py): 8-bit activations, 2-3x faster on the head's big matrix.
+30 layers that overhead outweighs the arithmetic of a one-token step, whose matrix kernels are
+the smaller part of it. Inductor fuses the element-wise ops into a few C++ kernels. A packed
+model's LM head also switches to fbgemm for one row (models/fbgemm.py): 8-bit activations, for
+the head's big matrix. (Measured: benchmarks/results/comments.md.)
 
 Shapes are dynamic (rows, block-table width), so one graph serves every context length; a
 graph for one row and one for several are the only two (the int4 path adds one for more than
-DENSE_ROWS rows). Compiling takes 20-90 s the first time on 2 cores; inductor keeps its output
-under the pellucid cache folder, so a later process needs ~15-30 s.
+DENSE_ROWS rows). Compiling takes tens of seconds the first time; inductor keeps its output
+under the pellucid cache folder, so a later process compiles faster.
 Pre-fill steps, mixed steps and traced requests stay eager; if compiling fails (no C++ compiler,
 an unsupported op), the runner logs it once and stays eager.
 
@@ -35,19 +35,19 @@ Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
 log = logging.getLogger("pellucid")
 
 OPTIONS = {
-    # Before each call dynamo checks its guards: ~5,000 of them over the modules' attributes took
-    # ~1 ms a token. A served model's modules do not change once loaded (PackedLinear's dense
-    # copy is made before a graph for many rows is: see __call__), so those guards are dropped;
-    # the ones on the inputs' shapes and dtypes stay.
+    # Before each call dynamo checks its guards, thousands of them over the modules' attributes.
+    # A served model's modules do not change once loaded (PackedLinear's dense copy is made
+    # before a graph for many rows is: see __call__), so those guards are dropped; the ones on
+    # the inputs' shapes and dtypes stay.
     "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
-    # The generated wrapper re-checks every kernel's output sizes and alignment in Python:
-    # ~0.5 ms a token over 30 layers.
+    # The generated wrapper re-checks every kernel's output sizes and alignment in Python, for
+    # every kernel of every layer, every token.
     "size_asserts": False,
     "alignment_asserts": False,
     "scalar_asserts": False,
     # Keep a longer element-wise result (the query after RoPE) in a buffer rather than
-    # recompute it inside the attention loop for every key it meets: at 512 tokens of context
-    # that recomputation took 3x the rest of the step.
+    # recompute it inside the attention loop for every key it meets: over a long context that
+    # recomputation outweighed the rest of the step.
     "realize_cpu_opcount_threshold": 8,
 }
 
@@ -65,7 +65,7 @@ class CompiledDecode:
     def __init__(self, model: LlamaModel):
         self.model = model
         self.compiled: Forward | None = None  # made on the first call: importing the compiler
-        self.failed = False  # takes ~1.5 s, which a load should not pay
+        self.failed = False  # takes seconds, which a load should not pay
         self.dense_made = False
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:

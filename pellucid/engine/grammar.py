@@ -10,7 +10,7 @@ A grammar is llguidance's Lark dialect (`%json {...}` inlines a JSON schema); se
 from __future__ import annotations
 
 import llguidance
-import llguidance.numpy  # not llguidance.torch: importing it loads torch.compile (+2 s, +115 MB)
+import llguidance.numpy  # not llguidance.torch: importing that loads torch.compile (seconds, MBs)
 import torch
 from torch import Tensor
 
@@ -22,7 +22,7 @@ CLOSERS = b'"]}'
 
 
 class GrammarCompiler:
-    """Holds llguidance's view of the vocabulary (built on first use: ~0.5 s for 49k tokens)."""
+    """Holds llguidance's view of the vocabulary (built on first use, not at every load)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer

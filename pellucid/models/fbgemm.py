@@ -3,15 +3,16 @@ of a compiled decode step.
 
 Why: decoding one token multiplies one row of activations by the head's whole matrix (Gemma 3:
 262,144 x 640 int8, 168 MB). Widening each int8 weight to float before multiplying, as
-inductor's loop and `_weight_int8pack_mm` do, is bound by that arithmetic, not by memory: ~13 ms
-on 2 cores. fbgemm rounds the row to 8 bits too (one scale for the row, as llama.cpp rounds
-activations to 8 bits) and multiplies 8 by 8 bits into int32 with VNNI dot products: ~5 ms.
+inductor's loop and `_weight_int8pack_mm` do, is bound by that arithmetic, not by memory.
+fbgemm rounds the row to 8 bits too (one scale for the row, as llama.cpp rounds activations to
+8 bits) and multiplies 8 by 8 bits into int32 with VNNI dot products, in a fraction of the time.
 Only the head goes this way: its input is the final normalized hidden state, whose rounding
-costs ~0.1-0.3% of perplexity, while Gemma's decoder matrices would lose 2-5% (a few outlier
-channels in their inputs take the whole 8-bit range).
+costs little perplexity, while Gemma's decoder matrices would lose several percent (a few
+outlier channels in their inputs take the whole 8-bit range). Tested: tests/test_quant.py;
+measured: benchmarks/results/comments.md.
 
-Packing a matrix into fbgemm's layout takes ~0.35 s (SmolLM2's head) to ~2.2 s (Gemma's), so it
-is done when the decode step is first compiled, not at every load.
+Packing a matrix into fbgemm's layout takes up to seconds (Gemma's head), so it is done when the
+decode step is first compiled, not at every load.
 
 fbgemm's packed matrix is a TorchScript object, which dynamo cannot put in a graph (it would
 break the graph there); the custom op `pellucid::fbgemm_linear` takes a key into a table of them

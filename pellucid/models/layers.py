@@ -21,7 +21,7 @@ from pellucid.models.rope import apply_rope
 def embedding(rows: int, dim: int) -> nn.Embedding:
     """nn.Embedding initialized as torch does, N(0, 1), except on the meta device, where a
     checkpoint fills it later: there torch's normal_ is a Python reference that first imports
-    the compiler, ~1.5 s of every load."""
+    the compiler, which would be most of a warm load's time."""
     weight = torch.empty(rows, dim)
     if not weight.is_meta:
         nn.init.normal_(weight)

@@ -44,7 +44,7 @@ def attend(
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """softmax(q·kᵀ·scale)·v where every query sees the keys up to its own position, for q and
     k/v over the same T tokens in order: q (B, H, T, hd), k/v (B, Hkv, T, hd). The kernel's own
-    is_causal triangle, with no mask tensor to build and add (1.7x faster compiled)."""
+    is_causal triangle, with no mask tensor to build and add."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
 
 
@@ -57,10 +57,10 @@ def attend_causal_explicit(q: Tensor, k: Tensor, v: Tensor, scale: float, bias: 
     """attend_causal written out, for training in bfloat16 on CPU: scores (B, Hkv, group, T, T) in
     float32 plus the stored (T, T) causal bias, softmax, then the values. SDPA's flash kernel has
     no fast bfloat16 backward on CPU, and its math path, compiled, rebuilds the causal triangle
-    from indices for every score; adding a stored mask instead cut a compiled forward+backward per
-    layer at the baby size from 2.0 to 1.5 ms (bf16, 12x4x64x32). The scores are materialized,
-    so this suits short blocks: the trainer opts in (LlamaModel.attend_explicitly) for its block
-    size."""
+    from indices for every score, which a stored mask, added, avoids (a quarter of a compiled
+    forward+backward at nanoGPT's baby size: benchmarks/results/comments.md). The scores are
+    materialized, so this suits short blocks: the trainer opts in (LlamaModel.attend_explicitly)
+    for its block size."""
     B, H, T, hd = q.shape
     Hkv = k.shape[1]
     q = q.unflatten(1, (Hkv, H // Hkv))  # the query heads that share each K/V head, side by side
@@ -114,8 +114,8 @@ def paged_attention(
     if ctx.decode is not None:
         d = ctx.decode
         queries = q if not ctx.prefills else q[d.rows]  # without pre-fills: all rows, in order
-        # In float32 whatever the cache holds: one query against 512 bf16 keys takes SDPA 5x
-        # longer than in float32 on CPU.
+        # In float32 whatever the cache holds: SDPA on CPU is much slower for one query against
+        # many bf16 keys than in float32.
         queries = queries.float()
         if torch.compiler.is_compiling() and keep is None:
             o = decode_attention_by_block(queries, k_cache, v_cache, d, window, scale)
@@ -149,7 +149,7 @@ def padded_mask(d: DecodeBatch, window: int | None, block_size: int) -> Tensor:
 def gather_blocks(cache: Tensor, block_tables: Tensor) -> Tensor:
     """(num_blocks, block_size, Hkv, hd) pool, (B, n) block tables -> (B, Hkv, n*block_size, hd)."""
     B, n = block_tables.shape
-    # index_select of whole blocks: 3x faster on CPU than advanced indexing with the 2-D table
+    # index_select of whole blocks: on CPU much faster than advanced indexing with the 2-D table
     blocks = cache.index_select(0, block_tables.flatten())
     return blocks.view(B, n * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 

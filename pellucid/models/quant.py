@@ -29,7 +29,7 @@ from pellucid.models.llama import LlamaModel
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
 CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
-DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel on this CPU
+DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel (measured)
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
 
@@ -139,7 +139,8 @@ class Int8Linear(PackedLinear):
 
     def use_fbgemm(self) -> None:
         """Multiply one row by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
-        for the LM head only. Packing takes 0.3-2 s; where fbgemm cannot run, nothing changes."""
+        for the LM head only. Packing takes seconds for a big head; where fbgemm cannot run,
+        nothing changes."""
         if self.fbgemm_key is None:
             self.fbgemm_key = fbgemm.prepack(self, self.weight, self.scales)
 
@@ -154,8 +155,8 @@ class Int8Linear(PackedLinear):
             return fbgemm.fbgemm_linear(rows, self.fbgemm_key, self.out_features)
         if rows.shape[0] == 1 and torch.compiler.is_compiling():
             # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
-            # run): inductor's own loop over the int8 matrix runs 1.3x faster than the kernel
-            # (SmolLM2's LM head, 28 MB: 1.4 vs 1.9 ms).
+            # run): inductor's own loop over the int8 matrix beats the kernel there (measured:
+            # benchmarks/results/comments.md).
             y = (self.weight * rows.float()).sum(-1) * self.scales.float()  # (1, out)
             return y.to(rows.dtype)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)

@@ -54,7 +54,7 @@ class TrainResult:
     @property
     def median_tokens_per_s(self) -> float:
         """Typical speed: unlike the mean, not dragged down by moments other programs took the
-        cores (this machine is shared)."""
+        cores (shared machines)."""
         if not self.step_seconds:
             return math.nan
         ordered = sorted(self.step_seconds)

