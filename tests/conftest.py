@@ -71,6 +71,14 @@ def load_reference(name: str) -> dict:
     return json.loads((DATA / f"public_{name}.json").read_text())
 
 
+@pytest.fixture(autouse=True)
+def restore_threads():
+    """Tiny models train fastest on one thread; put back what the rest of the suite uses."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return catalog.resolve("smollm2-135m")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config, tiny_text
 
 from pellucid.loading.loader import build_from_state, read_checkpoint
 from pellucid.models import build_model
@@ -17,7 +18,6 @@ from pellucid.train.export import export_checkpoint
 from pellucid.train.hf_export import export_hf
 from pellucid.train.init import init_weights
 from pellucid.train.trainer import Trainer
-from tests.test_train import tiny_config, tiny_text
 
 
 def random_gpt2(bias: bool, act: str, seed: int = 0) -> torch.nn.Module:

@@ -13,19 +13,15 @@ import json
 import os
 import random
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
 import schemathesis
-import uvicorn
-from fastapi import FastAPI
+from helpers import KEY, MODEL, Running, serving
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
@@ -34,44 +30,10 @@ from pellucid.config import EngineConfig
 from pellucid.server import create_app
 from pellucid.server.limits import ServerLimits
 
-KEY = "test-key"
-MODEL = "smollm2-135m"
 HELLO = [{"role": "user", "content": "Say hello to Paris."}]
 # The issue's full checks: PELLUCID_DISCONNECTS=200 PELLUCID_FUZZ_EXAMPLES=500 (minutes, not seconds).
 DISCONNECTS = int(os.environ.get("PELLUCID_DISCONNECTS", "40"))
 FUZZ_EXAMPLES = int(os.environ.get("PELLUCID_FUZZ_EXAMPLES", "50"))
-
-
-@dataclass
-class Running:
-    url: str
-    app: FastAPI
-
-    @property
-    def state(self):
-        return self.app.state.pellucid
-
-
-@contextlib.contextmanager
-def serving(app: FastAPI) -> Iterator[Running]:
-    """Serve `app` with uvicorn on a free loopback port in a thread; stop it on exit."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield Running(f"http://127.0.0.1:{port}", app)
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import jsonschema
 import openai
 import pytest
-from test_server import KEY, MODEL, Running, serving
+from helpers import KEY, MODEL, Running, serving
 
 from pellucid import LLM
 from pellucid.server import create_app

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 import subprocess
 import sys
 import textwrap
@@ -15,50 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import tiny_config, tiny_text
 
 from pellucid.train.checkpoint import CHECKPOINT, load_checkpoint
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import TokenData, prepare
 from pellucid.train.schedule import lr_at
 from pellucid.train.trainer import Trainer, TrainingDiverged
-
-WORDS = [
-    "the",
-    "king",
-    "and",
-    "queen",
-    "of",
-    "france",
-    "speak",
-    "to",
-    "a",
-    "fool",
-    "who",
-    "sings",
-    "of",
-    "love",
-    "war",
-    "and",
-    "wine",
-]
-
-
-def tiny_text(n_words: int = 6000, seed: int = 0) -> str:
-    rng = random.Random(seed)
-    lines = []
-    while n_words > 0:
-        k = rng.randint(3, 9)
-        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + ".")
-        n_words -= k
-    return "\n".join(lines) + "\n"
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    """Tiny models train fastest on one thread; put back what the rest of the suite uses."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -67,27 +29,6 @@ def corpus(tmp_path_factory) -> Path:
     (folder / "text.txt").write_text(tiny_text())
     prepare([str(folder / "text.txt")], "char", folder / "char")
     return folder / "char"
-
-
-def tiny_config(data: Path, out: Path, **kw) -> TrainConfig:
-    base = {
-        "data": str(data),
-        "out": str(out),
-        "n_layers": 2,
-        "n_heads": 2,
-        "dim": 32,
-        "block_size": 16,
-        "batch_size": 4,
-        "max_iters": 20,
-        "warmup_iters": 5,
-        "lr": 3e-3,
-        "min_lr": 3e-4,
-        "eval_interval": 10,
-        "eval_iters": 2,
-        "ckpt_interval": 5,
-        "threads": 1,
-    }
-    return TrainConfig(**{**base, **kw})
 
 
 def test_lr_schedule_follows_nanogpt_formula():

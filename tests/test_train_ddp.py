@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import tiny_config, tiny_text
+from helpers import tiny_config, tiny_text
 
 from pellucid.train.checkpoint import load_checkpoint
 from pellucid.train.config import TrainConfig
@@ -17,13 +17,6 @@ from pellucid.train.data import prepare
 from pellucid.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # torchrun starts two training processes
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def cli_args(cfg: TrainConfig) -> list[str]:

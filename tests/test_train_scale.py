@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import tiny_config, tiny_text
+from helpers import tiny_config, tiny_text
 
 from pellucid.train.data import prepare
 from pellucid.train.scale import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import tiny_config, tiny_text
+from helpers import tiny_config, tiny_text
 
 from pellucid import LLM, SamplingParams
 from pellucid.train.data import prepare
@@ -22,13 +22,6 @@ TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 REPLY = "a fool of france"
-
-
-@pytest.fixture(autouse=True)
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

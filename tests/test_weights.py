@@ -15,11 +15,12 @@ from pellucid.loading.loader import build_from_state, read_checkpoint
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
 
-transformers = pytest.importorskip("transformers")
-
 
 def tiny_hf_model(tmp_path, kind: str):
-    """A randomly initialized transformers model saved as an HF folder (config + safetensors)."""
+    """A randomly initialized transformers model saved as an HF folder (config + safetensors).
+    (transformers is imported here: the bad-file tests below do without it.)"""
+    import transformers
+
     torch.manual_seed(0)
     common = {
         "vocab_size": 300,

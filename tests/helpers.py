@@ -1,0 +1,104 @@
+"""Helpers several test files share (fixtures are in conftest.py): a tiny training corpus and
+config, and a uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from pellucid.train.config import TrainConfig
+
+KEY = "test-key"  # the API key of the servers the tests start
+MODEL = "smollm2-135m"
+
+WORDS = [
+    "the",
+    "king",
+    "and",
+    "queen",
+    "of",
+    "france",
+    "speak",
+    "to",
+    "a",
+    "fool",
+    "who",
+    "sings",
+    "of",
+    "love",
+    "war",
+    "and",
+    "wine",
+]
+
+
+def tiny_text(n_words: int = 6000, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    lines = []
+    while n_words > 0:
+        k = rng.randint(3, 9)
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + ".")
+        n_words -= k
+    return "\n".join(lines) + "\n"
+
+
+def tiny_config(data: Path, out: Path, **kw) -> TrainConfig:
+    base = {
+        "data": str(data),
+        "out": str(out),
+        "n_layers": 2,
+        "n_heads": 2,
+        "dim": 32,
+        "block_size": 16,
+        "batch_size": 4,
+        "max_iters": 20,
+        "warmup_iters": 5,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "eval_interval": 10,
+        "eval_iters": 2,
+        "ckpt_interval": 5,
+        "threads": 1,
+    }
+    return TrainConfig(**{**base, **kw})
+
+
+@dataclass
+class Running:
+    url: str
+    app: FastAPI
+
+    @property
+    def state(self):
+        return self.app.state.pellucid
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[Running]:
+    """Serve `app` with uvicorn on a free loopback port in a thread; stop it on exit."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
