@@ -9,7 +9,6 @@ the checkpoint in `cfg.out` and takes bit-for-bit the steps the uninterrupted ru
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -20,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pellucid.errors import PellucidError
-from pellucid.malloc import keep_freed_memory
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
 from pellucid.train import ddp
@@ -31,6 +29,7 @@ from pellucid.train.flops import flops_per_token, matmul_peak, n_params
 from pellucid.train.hf_export import TOKENIZER_FILES
 from pellucid.train.init import init_weights
 from pellucid.train.plot import plot_losses
+from pellucid.train.process import setup_process
 from pellucid.train.progress import TrainProgress
 from pellucid.train.schedule import lr_at
 
@@ -68,12 +67,7 @@ class Trainer:
             cfg = TrainConfig.from_dict(ckpt["config"])
         self.cfg = cfg
         self.out = Path(cfg.out)
-        self.dist = ddp.init_distributed(cfg.batch_size)
-        keep_freed_memory()  # each step frees what the next one allocates again
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
-        elif self.dist.world > 1:  # N processes x all cores each would oversubscribe the machine
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.dist.world))
+        self.dist = setup_process(cfg)
         self.data = TokenData.open(cfg.data)
         self.model_cfg = cfg.model_config(self.data.vocab_size)
         self.model: LlamaModel = build_model(self.model_cfg)  # on the CPU, in float32
