@@ -51,6 +51,23 @@ def tiny_text(n_words: int = 6000, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prepare_tiny_corpus(folder: Path, tokenizer: str) -> Path:
+    """folder/data: the tiny text tokenized by "char", "byte", or "bpe" (a 300-token BPE trained
+    on it first by `pellucid tokenizer train`, as a user would)."""
+    from pellucid.cli import main
+    from pellucid.train.data import prepare
+
+    (folder / "t.txt").write_text(tiny_text(3000))
+    if tokenizer == "bpe":
+        bpe = folder / "bpe"
+        main(
+            ["tokenizer", "train", str(folder / "t.txt"), "--vocab-size", "300", "--out", str(bpe)]
+        )
+        tokenizer = str(bpe)
+    prepare([str(folder / "t.txt")], tokenizer, folder / "data")
+    return folder / "data"
+
+
 def tiny_config(data: Path, out: Path, **kw) -> TrainConfig:
     base = {
         "data": str(data),

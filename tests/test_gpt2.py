@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config, tiny_text
+from helpers import prepare_tiny_corpus, tiny_config, tiny_text
 
 from pellucid.loading.loader import build_from_state, read_checkpoint
 from pellucid.models import build_model
@@ -110,23 +110,8 @@ def test_prompt_over_learned_positions_is_refused(trained: tuple[Trainer, Path])
 @pytest.mark.parametrize("tokenizer", ["bpe", "char"])
 def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path, tokenizer: str):
     from pellucid import LLM
-    from pellucid.cli import main
 
-    (tmp_path / "t.txt").write_text(tiny_text(3000))
-    if tokenizer == "bpe":
-        main(
-            [
-                "tokenizer",
-                "train",
-                str(tmp_path / "t.txt"),
-                "--vocab-size",
-                "300",
-                "--out",
-                str(tmp_path / "bpe"),
-            ]
-        )
-        tokenizer = str(tmp_path / "bpe")
-    prepare([str(tmp_path / "t.txt")], tokenizer, tmp_path / "data")
+    prepare_tiny_corpus(tmp_path, tokenizer)
     trainer = Trainer(
         tiny_config(
             tmp_path / "data", tmp_path / "run", arch="gpt2", max_iters=30, bias=True, block_size=32

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_config, tiny_text
+from helpers import prepare_tiny_corpus, tiny_config, tiny_text
 
 from pellucid.train.checkpoint import CHECKPOINT, load_checkpoint
 from pellucid.train.config import TrainConfig
@@ -292,25 +292,9 @@ def test_bpe_tokenizer_trains_loads_and_feeds_training(tmp_path: Path):
 @pytest.mark.parametrize("tokenizer", ["bpe", "char", "byte"])
 def test_gguf_export_serves_the_trained_weights(tmp_path: Path, tokenizer: str):
     from pellucid import LLM
-    from pellucid.cli import main
     from pellucid.train.export import export_checkpoint
 
-    text = tiny_text(3000)
-    (tmp_path / "t.txt").write_text(text)
-    if tokenizer == "bpe":
-        main(
-            [
-                "tokenizer",
-                "train",
-                str(tmp_path / "t.txt"),
-                "--vocab-size",
-                "300",
-                "--out",
-                str(tmp_path / "bpe"),
-            ]
-        )
-        tokenizer = str(tmp_path / "bpe")
-    prepare([str(tmp_path / "t.txt")], tokenizer, tmp_path / "data")
+    prepare_tiny_corpus(tmp_path, tokenizer)
     trainer = Trainer(tiny_config(tmp_path / "data", tmp_path / "run", max_iters=5), verbose=False)
     trainer.run()
     path = export_checkpoint(tmp_path / "run", tmp_path / "model.gguf")
