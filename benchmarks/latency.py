@@ -27,12 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import llama_cpp_batch
-import torch
 from common import hf_peer, peak_rss_mib, repeat, save, summarize
 
-from pellucid import LLM, SamplingParams, catalog
-from pellucid.config import EngineConfig
-from pellucid.loading.loader import load_int4, read_checkpoint
+# torch and pellucid are imported where pellucid and transformers are measured, not at the top:
+# the llama.cpp peer's process would otherwise carry torch's ~200 MiB in its peak RSS.
 
 
 def main() -> None:
@@ -54,8 +52,14 @@ def main() -> None:
         print(json.dumps(MEASURE[args.engine](args, ids)))
         return
 
+    import torch
+
+    from pellucid import catalog
+    from pellucid.loading.loader import load_int4, read_checkpoint
+
     # Fill the weight cache that this dtype's load reads, so the timed load is a warm one
-    (load_int4 if args.dtype == "int4" else read_checkpoint)(catalog.resolve(args.model))
+    path = catalog.resolve(args.model)
+    (load_int4 if args.dtype == "int4" else read_checkpoint)(path)
     peers = [name for name in ("llama_cpp", "hf") if not getattr(args, f"no_{name}")]
     runs: dict[str, list[dict]] = {name: [] for name in ["pellucid", *peers]}
     ids = None
@@ -63,7 +67,12 @@ def main() -> None:
         for name, done in runs.items():
             out = in_subprocess(name, args, ids)
             if name == "pellucid" and ids is None:  # the peers run pellucid's token ids
-                ids = {"prompt": out["prompt_ids"], "short": out["short_ids"]}
+                ids = {
+                    "prompt": out["prompt_ids"],
+                    "short": out["short_ids"],
+                    "path": str(path),
+                    "threads": torch.get_num_threads(),
+                }
             if out:
                 done.append(out)
     result = {
@@ -145,6 +154,9 @@ def in_subprocess(engine: str, args: argparse.Namespace, ids: dict | None) -> di
 
 
 def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, object]:
+    from pellucid import LLM, SamplingParams
+    from pellucid.config import EngineConfig
+
     start = time.perf_counter()
     # No prefix caching: every repeat must pre-fill the same prompt from scratch.
     llm = LLM(
@@ -179,13 +191,12 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
 
 
 def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
-    path, prompt, short = catalog.resolve(args.model), ids["prompt"], ids["short"]
+    path, prompt, short, threads = ids["path"], ids["prompt"], ids["short"], ids["threads"]
     n, repeats = args.decode_tokens, args.repeats
     if not llama_cpp_batch.available():
         return None
     import llama_cpp
 
-    threads = torch.get_num_threads()
     start = time.perf_counter()
     model = llama_cpp.Llama(
         model_path=str(path),
@@ -226,7 +237,9 @@ def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] 
 
 
 def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
-    path, prompt, short = catalog.resolve(args.model), ids["prompt"], ids["short"]
+    import torch
+
+    path, prompt, short = ids["path"], ids["prompt"], ids["short"]
     n, repeats = args.decode_tokens, args.repeats
     start = time.perf_counter()
     model = hf_peer(path)
