@@ -116,7 +116,8 @@ class LLM:
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield one RequestOutput per generated token; `.delta` is the new text."""
+        """Yield one RequestOutput per generated token; `.delta` is the new text (and, when asked
+        for, `.logprobs` the new token's)."""
         yield from self._stream_ids(self.encode(prompt), params or SamplingParams())
 
     def chat(

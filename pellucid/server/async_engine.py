@@ -198,9 +198,9 @@ class AsyncEngine:
                 "queue_full",
             )
         limit = self.limits.max_tokens_in_flight
-        if limit is not None and held and self.tokens_in_flight + tokens > limit:
+        if limit is not None and held and (holding := self.tokens_in_flight) + tokens > limit:
             raise QueueFullError(
-                f"the server is busy: its requests in flight hold {self.tokens_in_flight} "
+                f"the server is busy: its requests in flight hold {holding} "
                 f"tokens (prompt + max_tokens) of at most {limit}, and this one needs {tokens}: "
                 "retry shortly, or lower max_tokens",
                 "tokens_full",
