@@ -62,11 +62,37 @@ def machine() -> dict[str, object]:
         pass
     return {
         "cpu": cpu,
+        "isa": isa_flags(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),  # set: oneDNN capped (no AMX)
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
+
+
+ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def isa_flags() -> list[str]:
+    """The vector and matrix extensions this CPU reports (of those the kernels here can use)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in ISA if f in flags]
+    except OSError:
+        pass
+    return []
+
+
+def machine_tag(cpu: str) -> str:
+    """A short name for the CPU's family, for result file names: results are kept per machine."""
+    lowered = cpu.lower()
+    for vendor, family in (("amd", "epyc"), ("intel", "xeon")):
+        if vendor in lowered or family in lowered:
+            return f"{vendor}-{family}" if family in lowered else vendor
+    return "cpu"
 
 
 def commit() -> str:
@@ -90,7 +116,8 @@ def save(name: str, result: dict[str, object]) -> Path:
         **result,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}.json"
+    tag = machine_tag(str(result["machine"]["cpu"]))
+    path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}-{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))  # the last line is one JSON object
     return path
