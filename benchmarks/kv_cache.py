@@ -114,7 +114,7 @@ def main() -> None:
     args = ap.parse_args()
 
     # No prefix caching: each repeat must pre-fill its prompt from scratch, as the peer does.
-    llm = LLM(args.model, engine=EngineConfig(enable_prefix_caching=False))
+    llm = LLM(args.model, dtype="float32", engine=EngineConfig(enable_prefix_caching=False))
     hf = None if args.no_hf else hf_peer(llm.path)
     llama_cpp = llama_cpp_batch.available()
     text = Path(__file__).with_name("prompt.txt").read_text()

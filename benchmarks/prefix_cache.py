@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    llm = LLM(args.model)
+    llm = LLM(args.model, dtype="float32")
     words = Path(__file__).with_name("prompt.txt").read_text().split()
     rows = []
     for r in range(args.repeats + 1):  # the first round warms up and is not counted

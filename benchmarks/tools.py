@@ -322,7 +322,7 @@ def main() -> None:
 
     code = {"commit_at_start": commit(), "pellucid_changes_at_start": pellucid_changes()}
     checker, language = load_checker()
-    llm = LLM(args.model)
+    llm = LLM(args.model, dtype="float32")
     rows = []
     for category in categories:
         entries = load(category, args.limit, set(filter(None, args.ids.split(","))))

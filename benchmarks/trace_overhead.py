@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    llm = LLM(args.model)
+    llm = LLM(args.model, dtype="float32")
     prompts = [
         llm.encode(f"Write a short poem about {TOPICS[i % len(TOPICS)]}.")
         for i in range(args.batch)

@@ -64,7 +64,7 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny(tiny_path: Path) -> LLM:
-    return LLM(tiny_path)
+    return LLM(tiny_path, dtype="float32")
 
 
 def load_reference(name: str) -> dict:

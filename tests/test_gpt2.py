@@ -84,7 +84,7 @@ def test_trains_and_the_engine_serves_it(trained: tuple[Trainer, Path]):
     losses = trainer.history["train"]
     assert losses[-1][1] < losses[0][1] - 0.5  # it learned something
     assert {"embed_positions.weight"} <= set(trainer.model.state_dict())
-    llm = LLM(export_checkpoint(tmp / "run", tmp / "hf"))
+    llm = LLM(export_checkpoint(tmp / "run", tmp / "hf"), dtype="float32")
     ids = llm.encode("The king and the")
     with torch.no_grad():
         ours = trainer.model.eval()(torch.tensor([ids]))[0]
@@ -102,7 +102,7 @@ def test_prompt_over_learned_positions_is_refused(trained: tuple[Trainer, Path])
     from pellucid import LLM, SamplingParams
 
     _, tmp = trained
-    llm = LLM(export_checkpoint(tmp / "run", tmp / "hf2"))
+    llm = LLM(export_checkpoint(tmp / "run", tmp / "hf2"), dtype="float32")
     with pytest.raises(ValueError, match="context"):
         llm.generate("the king " * 5, SamplingParams(max_tokens=1))  # 45 tokens, 32 positions
 
@@ -120,7 +120,7 @@ def test_gguf_export_round_trips_and_llama_cpp_agrees(tmp_path: Path, tokenizer:
     )
     trainer.run()
     path = export_checkpoint(tmp_path / "run", tmp_path / "new" / "model.gguf")  # makes "new"
-    llm = LLM(path)
+    llm = LLM(path, dtype="float32")
     ids = llm.encode("The king and the queen")
     with torch.no_grad():
         ours = trainer.model.eval()(torch.tensor([ids]))[0]

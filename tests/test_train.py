@@ -176,7 +176,7 @@ def test_export_serves_the_trained_weights(corpus: Path, tmp_path: Path):
     trainer = Trainer(tiny_config(corpus, tmp_path / "run", max_iters=30), verbose=False)
     trainer.run()
     folder = export_checkpoint(tmp_path / "run", tmp_path / "model")
-    llm = LLM(folder)
+    llm = LLM(folder, dtype="float32")
     ids = llm.encode("The king and")
     with torch.no_grad():
         ours = trainer.model.eval()(torch.tensor([ids]))[0]
@@ -298,10 +298,12 @@ def test_gguf_export_serves_the_trained_weights(tmp_path: Path, tokenizer: str):
     trainer = Trainer(tiny_config(tmp_path / "data", tmp_path / "run", max_iters=5), verbose=False)
     trainer.run()
     path = export_checkpoint(tmp_path / "run", tmp_path / "model.gguf")
-    llm = LLM(path)
+    llm = LLM(path, dtype="float32")
     text = "The king and"  # 12 characters: fits the 16-token context at every level
     ids = llm.encode(text)
-    assert ids == LLM(export_checkpoint(tmp_path / "run", tmp_path / "hf")).encode(text)
+    assert ids == LLM(export_checkpoint(tmp_path / "run", tmp_path / "hf"), dtype="float32").encode(
+        text
+    )
     assert tokenizer != "char" or len(ids) == len(text)
     with torch.no_grad():
         ours = trainer.model.eval()(torch.tensor([ids]))[0]

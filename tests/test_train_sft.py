@@ -52,13 +52,13 @@ def chat_model(tmp_path_factory) -> Path:
 
 
 def reply(folder: Path) -> str:
-    llm = LLM(folder)
+    llm = LLM(folder, dtype="float32")
     params = SamplingParams(temperature=0, max_tokens=len(REPLY))
     return llm.chat([{"role": "user", "content": "who are you"}], params).text
 
 
 def test_only_assistant_tokens_carry_labels(chat_model: Path):
-    tok = LLM(chat_model).tokenizer
+    tok = LLM(chat_model, dtype="float32").tokenizer
     messages = [
         {"role": "user", "content": "who are you"},
         {"role": "assistant", "content": "a king"},

@@ -209,7 +209,7 @@ class Trainer:
         from pellucid.train.hf_export import export_hf
 
         folder = export_hf(self.model, self.out, self.out / "model")
-        llm = LLM(folder)
+        llm = LLM(folder, dtype="float32")  # the model as trained, not re-quantized
         ids = llm.encode(prompt if prompt is not None else self.cfg.sample_prompt)
         limit = self.cfg.block_size - len(ids)
         params = SamplingParams(
