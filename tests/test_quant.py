@@ -8,13 +8,14 @@ import gc
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
-from pellucid.models import fbgemm
+from pellucid.models import fbgemm, quant
 from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, packed
 from pellucid.weights import cache as weight_cache
 
@@ -50,6 +51,42 @@ def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
     got = layer(x)
     assert got.shape == (2, rows, 192) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+
+
+def _rss_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmRSS")
+def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
+    """oneDNN keeps a kernel for each row count it multiplies (~0.7 MB each for these shapes),
+    and a server meets a new count with each new prompt length: its memory grew ~0.3 MiB per
+    request. Padded to ROW_BUCKET rows, 150 counts cost a few buckets' kernels. The shapes are
+    of no model here, so no other test in the process has made their kernels already."""
+    torch.manual_seed(2)
+    shapes = [(1088, 384), (448, 384), (2112, 384), (384, 1056)]  # (out, in): a decoder's kinds
+    layers = [Int4Linear.from_weight(torch.randn(o, i) * 0.05) for o, i in shapes]
+    x = torch.randn(320, 1056).bfloat16()
+
+    def growth_over_row_counts(counts: range) -> float:
+        for layer in layers:
+            layer(x[:20, : layer.in_features])  # the bf16 copy, made once
+        before = _rss_mib()
+        for n in counts:
+            for layer in layers:
+                layer(x[:n, : layer.in_features])
+        return _rss_mib() - before
+
+    for layer in layers:  # padded or not, the rows' products are the same
+        want = x.float()[:, : layer.in_features] @ layer.dequantize().float().T
+        for n in (9, 31, 32, 33, 200):
+            got = layer(x[:n, : layer.in_features]).float()
+            torch.testing.assert_close(got, want[:n], atol=0.02, rtol=0.02)
+    bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 10 buckets
+    monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
+    unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
+    assert bounded < 60 and unbounded > 4 * bounded, (bounded, unbounded)  # MiB
 
 
 def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):

@@ -30,6 +30,7 @@ GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
 CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
 DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel (measured)
+ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this: see dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
 
@@ -65,7 +66,8 @@ class PackedLinear(nn.Module):
         if rows.shape[0] > DENSE_ROWS:
             if self.dense is None:
                 self.dense = self.dequantize()
-            return F.linear(x, self.dense, self.bias)
+            y = dense_mm(rows, self.dense, self.bias)
+            return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -78,6 +80,21 @@ class PackedLinear(nn.Module):
 
     def dequantize(self) -> Tensor:
         raise NotImplementedError
+
+
+def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    """rows (n, in) @ w.T for many bf16 rows, n padded up to a multiple of ROW_BUCKET.
+
+    Why: oneDNN builds a kernel for every distinct row count it meets and keeps it (~0.7 MB
+    each, up to 1,024 of them). A server meets a new row count with almost every prompt length,
+    so its memory grew by ~0.3 MiB per request; padded, a step of at most
+    max_num_batched_tokens rows meets a few dozen counts, and the extra rows cost little: a
+    product of this size takes about as long for 9 rows as for 32."""
+    n = rows.shape[0]
+    # No branch on the padding being 0: compiled with n dynamic, a branch would be a guard,
+    # and a second graph for row counts that are multiples of ROW_BUCKET.
+    rows = F.pad(rows, (0, 0, 0, -(-n // ROW_BUCKET) * ROW_BUCKET - n))
+    return F.linear(rows, w, bias)[:n]
 
 
 class Int4Linear(PackedLinear):
