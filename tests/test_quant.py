@@ -83,7 +83,17 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
         for n in (9, 31, 32, 33, 200):
             got = layer(x[:n, : layer.in_features]).float()
             torch.testing.assert_close(got, want[:n], atol=0.02, rtol=0.02)
-    bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 10 buckets
+    assert [quant.bucket(n) for n in (9, 32, 33, 129, 200, 257, 300, 512)] == [
+        32,
+        32,
+        64,
+        192,
+        256,
+        384,
+        384,
+        512,
+    ]
+    bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 7 buckets
     monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
     unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
     assert bounded < 60 and unbounded > 4 * bounded, (bounded, unbounded)  # MiB

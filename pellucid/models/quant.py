@@ -30,7 +30,7 @@ GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
 CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
 DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel (measured)
-ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this: see dense_mm
+ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
 
@@ -83,18 +83,26 @@ class PackedLinear(nn.Module):
 
 
 def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    """rows (n, in) @ w.T for many bf16 rows, n padded up to a multiple of ROW_BUCKET.
+    """rows (n, in) @ w.T for many bf16 rows, n padded up to a bucket (see `bucket`).
 
     Why: oneDNN builds a kernel for every distinct row count it meets and keeps it (~0.7 MB
     each, up to 1,024 of them). A server meets a new row count with almost every prompt length,
-    so its memory grew by ~0.3 MiB per request; padded, a step of at most
-    max_num_batched_tokens rows meets a few dozen counts, and the extra rows cost little: a
-    product of this size takes about as long for 9 rows as for 32."""
+    so its memory grew by ~0.3 MiB per request. Padded, the steps of a 512-token budget meet 8
+    counts, and the extra rows cost little: a product of this size takes about as long for 9
+    rows as for 32, and a bucket is at most a third larger than the rows in it."""
     n = rows.shape[0]
     # No branch on the padding being 0: compiled with n dynamic, a branch would be a guard,
-    # and a second graph for row counts that are multiples of ROW_BUCKET.
-    rows = F.pad(rows, (0, 0, 0, -(-n // ROW_BUCKET) * ROW_BUCKET - n))
+    # and a second graph for row counts that fill their bucket. (`bucket`'s own branches guard
+    # on n <= 128: compiled decode steps have at most max_num_seqs rows, 64 by default.)
+    rows = F.pad(rows, (0, 0, 0, bucket(n) - n))
     return F.linear(rows, w, bias)[:n]
+
+
+def bucket(n: int) -> int:
+    """n rounded up to a multiple of ROW_BUCKET up to 4 of them, then of 2, then of 4 of them
+    (32, 64, 96, 128, 192, 256, 384, 512, ...): fewer kernels for the long pre-fill steps."""
+    step = ROW_BUCKET * (1 if n <= 4 * ROW_BUCKET else 2 if n <= 8 * ROW_BUCKET else 4)
+    return -(-n // step) * step
 
 
 class Int4Linear(PackedLinear):
