@@ -18,6 +18,8 @@ class EngineConfig:
     # written, so this bounds how far a long-running server's memory grows past its busiest moment)
     prefix_cache_bytes: int = 256 << 20
     compile: bool = False  # torch.compile the decode step (engine/compiled_decode.py)
+    # ... in a background thread, decoding eagerly until each graph is ready (no step waits)
+    compile_in_background: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):

@@ -106,6 +106,45 @@ def test_prefix_cache_hit(llm, prompts, expected):
     assert second.output_ids == reference_greedy(llm.model, longer)
 
 
+def test_background_compile_decodes_eagerly_then_switches(smollm2):
+    """EngineConfig(compile_in_background=True): no step waits for the compiler. The graphs for
+    one row and for a few compile in a worker thread on example steps of their own (a scratch
+    KV pool); until then steps run eagerly; after, the serving thread uses the graphs with no
+    recompile, the tokens stay the reference's, and the worker has ended (its OpenMP threads
+    slowed the serving thread's while it lived)."""
+    from torch._dynamo.utils import counters
+
+    from pellucid.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(smollm2.config, n_layers=2))
+    model = model.eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    prompts = [smollm2.encode(t) for t in ("The sea", "Once upon a time there", "Hi")]
+    expected = [reference_greedy(model, p) for p in prompts]
+    config = EngineConfig(compile=True, compile_in_background=True, block_size=4)
+    out, engine = run(tiny, prompts, config)  # while the worker compiles, or after
+    assert out == expected
+    decode = engine.model_runner.compiled_decode
+    assert decode.wait(timeout=600) and decode.ready == {1, 2} and not decode.failed
+    assert decode.worker is None  # ended once idle
+
+    def serve(batch: list[list[int]]) -> list[list[int]]:
+        seqs = [engine.add_request(p, GREEDY) for p in batch]
+        while engine.has_unfinished():
+            engine.step()
+        return [s.output_ids for s in seqs]
+
+    counters.clear()
+    steps = decode.steps
+    assert serve(prompts[:1]) == expected[:1]  # one row
+    assert serve(prompts) == expected  # several
+    assert decode.steps - steps >= 2 * (N_NEW - 1)  # the graphs served the decode steps
+    assert counters["stats"]["unique_graphs"] == 0  # made by the worker, not here
+
+
 def test_gemma_sliding_window_chunked_and_batched(gemma3, reference_gemma3):
     """Past Gemma's 512-token window, pre-filled in chunks, in a batch with a short prompt."""
     long_prompt = reference_gemma3["perplexity"]["token_ids"][:530]

@@ -55,7 +55,9 @@ class LLMEngine:
             max_cached=config.prefix_cache_bytes // block_bytes,
         )
         self.scheduler = Scheduler(config, self.block_manager)
-        self.model_runner = ModelRunner(model, self.pool, config.compile)
+        self.model_runner = ModelRunner(
+            model, self.pool, config.compile, config.compile_in_background
+        )
         self.sequences: dict[int, Sequence] = {}
         self.grammars = GrammarCompiler(tokenizer)
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pellucid.engine.compiled_decode import CompiledDecode, prepare
-from pellucid.engine.kv_cache import KVCachePool
+from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampler import SamplerOutput, sample
 from pellucid.engine.scheduler import Batch
@@ -34,10 +34,19 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: KVCachePool, compile: bool = False):
+    def __init__(
+        self,
+        model: LlamaModel,
+        pool: KVCachePool,
+        compile: bool = False,
+        in_background: bool = False,
+    ):
         self.model = model
         self.pool = pool
-        self.compiled_decode: CompiledDecode | None = prepare(model) if compile else None
+        # made here, outside inference mode, as the real pool is: graphs guard on that
+        self.scratch = _scratch(pool) if in_background and compile else None
+        example = self.example_step if in_background else None
+        self.compiled_decode: CompiledDecode | None = prepare(model, example) if compile else None
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
@@ -80,6 +89,19 @@ class ModelRunner:
         hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
         return self.model.compute_logits(hidden[last_rows]) if last_rows else None
 
+    def example_step(self, rows: int) -> tuple[Tensor, Tensor, ForwardContext]:
+        """A decode step of `rows` one-token sequences for a background compile: the same
+        shapes as a real step, but its K and V go to a scratch pool shaped like the real one
+        (mapped, not resident: it costs the few pages written), so the requests being served
+        meanwhile keep their cache."""
+        assert self.scratch is not None
+        k, v = self.scratch
+        bs = self.pool.block_size
+        slots = torch.arange(rows) * bs  # row r writes the first slot of block r
+        decode = _decode_batch(list(range(rows)), [[r] for r in range(rows)], [1] * rows, bs)
+        ctx = ForwardContext(k, v, slots, [], decode)
+        return torch.zeros(1, rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), ctx
+
     def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:
         bs = self.pool.block_size
         ids: list[int] = []
@@ -114,6 +136,13 @@ class ModelRunner:
             _decode_batch(decode_rows, decode_tables, decode_lens, bs),
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows
+
+
+def _scratch(pool: KVCachePool) -> tuple[list[Tensor], list[Tensor]]:
+    """Per-layer K and V tensors shaped like the pool's, untouched by any request."""
+    return [lazy_zeros(k.shape, k.dtype) for k in pool.k], [
+        lazy_zeros(v.shape, v.dtype) for v in pool.v
+    ]
 
 
 def _decode_batch(
