@@ -17,7 +17,8 @@ an unsupported op), the runner logs it once and stays eager.
 In the background (`prepare(model, example)`), a worker thread compiles each graph on example
 inputs of its own (a scratch KV pool shaped like the real one) while the steps run eagerly, and
 each kind of step switches to its graph once it is ready: a server answers at once and speeds up
-seconds later, and no request waits for the compiler.
+seconds later, and no request waits for the compiler. Meanwhile the steps are slower than plain
+eager ones, since dynamo's tracing holds Python's lock most of the time.
 
 `prepare` is the one place that sets what compiling needs of the process.
 """
