@@ -12,7 +12,7 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
@@ -59,16 +59,7 @@ def run_batch(llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool) 
         max_tokens=tokens,
         ignore_eos=True,
     )
-    traced = SamplingParams(
-        temperature=0.8,
-        top_k=40,
-        top_p=0.95,
-        min_p=0.05,
-        seed=0,
-        max_tokens=tokens,
-        ignore_eos=True,
-        trace=True,
-    )
+    traced = replace(plain, trace=True)
     seqs = [
         llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
         for i, p in enumerate(prompts)
