@@ -87,10 +87,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        default="float32",
-        choices=["float32", "int4", "bfloat16", "float16"],
-        help="float32 (default): the reference, matching Hugging Face transformers' logits; "
-        "int4: the fast path (int4 weights, int8 LM head, bf16 activations)",
+        default="int4",
+        choices=["int4", "float32", "bfloat16", "float16"],
+        help="int4 (default): the fast path (int4 weights, int8 LM head, bf16 activations); "
+        "float32: the reference, matching Hugging Face transformers' logits",
     )
     p.add_argument(
         "--compile",
@@ -167,7 +167,7 @@ def load(args: argparse.Namespace):
     from pellucid.llm import LLM  # imported late so `pellucid --help` stays instant
 
     return LLM(
-        args.model, dtype=getattr(args, "dtype", "float32"), compile=getattr(args, "compile", False)
+        args.model, dtype=getattr(args, "dtype", "int4"), compile=getattr(args, "compile", False)
     )
 
 
