@@ -87,6 +87,7 @@ def main() -> None:
         s = result[key]
         print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
     print(f"{'load_s':28s} {result['load_s']:.2f}   peak RSS {result['peak_rss_mib']} MiB")
+    print(f"{'decode steps compiled ahead':28s} {result['compiled_ahead'] or 'none (eager)'}")
     for name in peers:
         if not runs[name]:
             continue
@@ -103,7 +104,8 @@ def main() -> None:
             f"(pellucid/{name} {ratios['peak_rss']:.2f}x)"
         )
     # one file per mode, so an eager or float32 run does not overwrite the fast path's result
-    mode = ("" if args.compile else "-eager") + ("" if args.dtype == "int4" else f"-{args.dtype}")
+    step = "" if args.compile else "-ahead" if result["compiled_ahead"] else "-eager"
+    mode = step + ("" if args.dtype == "int4" else f"-{args.dtype}")
     save(f"latency{mode}", result)
 
 
@@ -179,8 +181,11 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
 
     prefill()  # warm-up
     decode(short)  # with --compile: compiles the decode step (not timed)
+    decode_step = llm.engine.model_runner.compiled_decode
     return {
         "load_s": round(load_s, 3),
+        # which decode steps are compiled ahead (`pellucid compile`): [] when all run eagerly
+        "compiled_ahead": sorted(decode_step.ahead) if decode_step is not None else [],
         "prefill_tok_s": repeat(prefill, args.repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), args.repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), args.repeats),

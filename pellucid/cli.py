@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="list the models available locally")
     models.set_defaults(run=run_models)
+
+    ahead = commands.add_parser(
+        "compile",
+        help="compile the decode step ahead of time for a model's architecture; later "
+        "processes load it in milliseconds (a minute or two per kind of step, once)",
+    )
+    ahead.add_argument(
+        "--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})"
+    )
+    ahead.add_argument("--force", action="store_true", help="build again what was built before")
+    ahead.set_defaults(run=run_compile)
     add_explain_command(commands)
     add_agent_command(commands)  # the tool loop
     add_training_commands(commands)  # data prepare, train, export
@@ -251,6 +262,21 @@ def run_models(args: argparse.Namespace) -> int:
         else:
             print(f"  not installed; {entry.install}")
     print("Any local GGUF file or Hugging Face folder (config.json + *.safetensors) works too.")
+    return 0
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    import time
+
+    from pellucid.config import EngineConfig
+    from pellucid.llm import LLM
+
+    start = time.perf_counter()
+    llm = LLM(args.model, engine=EngineConfig(compiled_ahead=False))
+    print(f"Compiling the decode step of {llm.path.name} ahead of time...", file=sys.stderr)
+    for path in llm.engine.model_runner.compile_ahead(force=args.force):
+        print(path)
+    print(f"[done in {time.perf_counter() - start:.0f} s]", file=sys.stderr)
     return 0
 
 

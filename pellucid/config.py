@@ -20,6 +20,9 @@ class EngineConfig:
     compile: bool = False  # torch.compile the decode step (engine/compiled_decode.py)
     # ... in a background thread, decoding eagerly until each graph is ready (no step waits)
     compile_in_background: bool = False
+    # Use the decode steps compiled ahead of time for this model's architecture, where
+    # `pellucid compile` has built them (engine/aot_decode.py): no compiler in this process
+    compiled_ahead: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):

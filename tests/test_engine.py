@@ -157,7 +157,14 @@ def test_gemma_sliding_window_chunked_and_batched(gemma3, reference_gemma3):
     ]
 
 
-def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, prompts):
+def smollm2_prompts(smollm2) -> list[list[int]]:
+    """The module's prompts for SmolLM2 alone: a test that builds its own model runs once, not
+    once per `llm`."""
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "Hi " * 25]
+    return [smollm2.encode(t) for t in texts]
+
+
+def test_compiled_decode_equals_the_reference_without_recompiling(smollm2):
     """torch.compile of the decode step (EngineConfig(compile=True)): the same greedy tokens,
     alone and batched, and contexts of different lengths share one graph per kind of batch
     (one row; several rows) — no recompile as the context grows block by block. A 2-layer
@@ -165,6 +172,8 @@ def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, promp
     from torch._dynamo.utils import counters
 
     from pellucid.models import build_model
+
+    prompts = smollm2_prompts(smollm2)
 
     torch.manual_seed(0)
     cfg = dataclasses.replace(smollm2.config, n_layers=2)
@@ -189,3 +198,46 @@ def test_compiled_decode_equals_the_reference_without_recompiling(smollm2, promp
     expected_other = [reference_greedy(other, p) for p in prompts]
     assert expected_other != expected
     assert run(tiny_other, prompts, EngineConfig(compile=True, block_size=4))[0] == expected_other
+
+
+def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, monkeypatch, caplog):
+    """`pellucid compile` (ModelRunner.compile_ahead): the decode step built once as a package
+    per kind of step (aot_decode.py); a later engine of the same architecture loads them instead
+    of compiling, and its greedy tokens stay the reference's, alone and batched. A model that
+    differs in a constant the graph bakes in gets packages of its own; a damaged package is
+    reported and the step runs eagerly. One random layer with SmolLM2's shapes (compiling takes
+    about half a minute per kind of step, and grows with the layers)."""
+    from pellucid.engine import aot_decode
+    from pellucid.models import build_model
+
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path))
+    prompts = smollm2_prompts(smollm2)
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(smollm2.config, n_layers=1)
+    model = build_model(cfg).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    expected = [reference_greedy(model, p) for p in prompts]
+    config = EngineConfig(block_size=4)
+    _, engine = run(tiny, prompts[:1], config)
+    assert engine.model_runner.compiled_decode is None  # nothing built yet: eager
+    paths = engine.model_runner.compile_ahead()
+    assert [p.parent for p in paths] == [tmp_path / "aot"] * 2
+
+    out, engine = run(tiny, prompts[:1], config)  # a new engine: loads, does not compile
+    decode = engine.model_runner.compiled_decode
+    assert set(decode.ahead) == {1, 2} and not decode.jit
+    assert out == expected[:1]
+    assert decode.steps == N_NEW - 1  # every decode step went through the package
+    batched, engine = run(tiny, prompts, config)  # several rows, then fewer, then one
+    assert batched == expected and engine.model_runner.compiled_decode.steps >= N_NEW - 1
+
+    other = build_model(dataclasses.replace(cfg, norm_eps=1.0)).eval().requires_grad_(False)
+    assert aot_decode.package_path(other, 1) != paths[0]
+    assert aot_decode.load(other) == {}
+
+    paths[0].write_bytes(b"not a package")
+    out, engine = run(tiny, prompts[:1], config)
+    assert out == expected[:1] and set(engine.model_runner.compiled_decode.ahead) == {2}
+    assert "run `pellucid compile` again" in caplog.text

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import types
 from collections.abc import Callable
 
 import torch
@@ -61,15 +62,22 @@ OPTIONS = {
 }
 
 
-def prepare(model: LlamaModel, example: Example | None = None) -> CompiledDecode:
+def prepare(
+    model: LlamaModel,
+    example: Example | None = None,
+    jit: bool = True,
+    ahead: dict[int, Forward] | None = None,
+) -> CompiledDecode:
     """The compiled decode step of `model`, and the one setting it needs of the process:
     inductor keeps its kernels with pellucid's cache, so a later process reuses them. Inductor
     reads that folder from an environment variable when it first compiles; one a user set is
     kept. With `example`, the graphs compile in the background (see the module's docstring),
-    the graphs for one row and for a few starting now."""
+    the graphs for one row and for a few starting now. `ahead`: steps compiled ahead of time
+    (aot_decode.py), by kind, used first; `jit`: torch.compile the kinds they leave out (else
+    those run eagerly)."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-    decode = CompiledDecode(model, example)
-    if example is not None:
+    decode = CompiledDecode(model, example, jit, ahead)
+    if example is not None and jit:
         for rows in (1, 2):
             decode.compile_ahead(rows)
     return decode
@@ -81,8 +89,16 @@ def kind(rows: int) -> int:
 
 
 class CompiledDecode:
-    def __init__(self, model: LlamaModel, example: Example | None = None):
+    def __init__(
+        self,
+        model: LlamaModel,
+        example: Example | None = None,
+        jit: bool = True,
+        ahead: dict[int, Forward] | None = None,
+    ):
         self.model = model
+        self.jit = jit
+        self.ahead = ahead or {}  # kind -> a step compiled ahead of time (aot_decode.py)
         self.compiled: Forward | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes seconds, which a load should not pay
         self.dense_made = False
@@ -100,6 +116,11 @@ class CompiledDecode:
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         rows = ids.shape[1]
+        if (step := self.ahead.get(kind(rows))) is not None:
+            self.steps += 1
+            return step(ids, positions, ctx)
+        if not self.jit:
+            return self.eager(ids, positions, ctx)
         if self.example is not None and kind(rows) not in self.ready:
             self.compile_ahead(rows)  # no step waits: eager until its graph is ready
             return self.eager(ids, positions, ctx)
@@ -117,7 +138,11 @@ class CompiledDecode:
     def make_compiled(self) -> Forward:
         if isinstance(head := self.model.lm_head, Int8Linear):
             head.use_fbgemm()  # before tracing: the graph calls fbgemm for one row
-        return torch.compile(self.eager, dynamic=None, options=OPTIONS)
+        # Dynamo keeps its graphs per code object, and OPTIONS drops the guards that would tell
+        # two models apart (a norm's epsilon is baked into the graph): this step gets a code
+        # object of its own, so that another model's graphs never serve it.
+        own = types.FunctionType(CompiledDecode.eager.__code__.replace(), globals())
+        return torch.compile(types.MethodType(own, self), dynamic=None, options=OPTIONS)
 
     def run_compiled(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         assert self.compiled is not None

@@ -56,7 +56,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.model_runner = ModelRunner(
-            model, self.pool, config.compile, config.compile_in_background
+            model, self.pool, config.compile, config.compile_in_background, config.compiled_ahead
         )
         self.sequences: dict[int, Sequence] = {}
         self.grammars = GrammarCompiler(tokenizer)

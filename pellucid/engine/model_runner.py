@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from pellucid.engine import aot_decode
 from pellucid.engine.compiled_decode import CompiledDecode, prepare
 from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
@@ -40,13 +42,18 @@ class ModelRunner:
         pool: KVCachePool,
         compile: bool = False,
         in_background: bool = False,
+        ahead: bool = True,
     ):
         self.model = model
         self.pool = pool
         # made here, outside inference mode, as the real pool is: graphs guard on that
         self.scratch = _scratch(pool) if in_background and compile else None
         example = self.example_step if in_background else None
-        self.compiled_decode: CompiledDecode | None = prepare(model, example) if compile else None
+        # the decode steps compiled ahead (`pellucid compile`), loaded in milliseconds
+        steps = aot_decode.load(model) if ahead else {}
+        self.compiled_decode: CompiledDecode | None = (
+            prepare(model, example, compile, steps) if compile or steps else None
+        )
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> StepResult:
@@ -88,6 +95,25 @@ class ModelRunner:
             return logits[last_rows] if len(last_rows) < len(ids) else logits
         hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
         return self.model.compute_logits(hidden[last_rows]) if last_rows else None
+
+    def compile_ahead(self, force: bool = False) -> list[Path]:
+        """Build the decode step's packages for this model's architecture (aot_decode.py), one
+        per kind of step, unless built before (or `force`), and use them from now on; their
+        paths."""
+        if self.scratch is None:
+            self.scratch = _scratch(self.pool)
+        paths = []
+        for k in aot_decode.KINDS:
+            path = aot_decode.package_path(self.model, k)
+            paths.append(path)
+            if force or not path.exists():
+                aot_decode.build(self.model, self.example_step(k), k)
+        steps = aot_decode.load(self.model)
+        if self.compiled_decode is None:
+            self.compiled_decode = prepare(self.model, None, False, steps)
+        else:
+            self.compiled_decode.ahead = steps
+        return paths
 
     def example_step(self, rows: int) -> tuple[Tensor, Tensor, ForwardContext]:
         """A decode step of `rows` one-token sequences for a background compile: the same

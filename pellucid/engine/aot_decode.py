@@ -1,0 +1,226 @@
+"""The decode step compiled ahead of time: a shared library built once per model architecture,
+which a later process loads in milliseconds, instead of compiling for tens of seconds.
+
+Why: torch.compile (compiled_decode.py) traces and compiles in every process that wants the fast
+step — seconds with a warm cache, a minute on a fresh machine — so a chat, or a server that has
+just started, waits or runs eagerly meanwhile. AOTInductor compiles the same graph (torch.export
+of the model's forward for one-token rows, LM head included) to C++ once; loading it is a
+`dlopen`, without importing the compiler at all.
+
+A package holds the code but not the weights: every matrix, norm and table stays the model's
+own tensor, handed over at load (no second copy in memory or on disk). What the package keeps
+is what the graph bakes in, so its name covers those: the model's class and config, the shape
+and dtype of every weight, pellucid's model code, torch's version and the CPU's vector
+extensions. Any checkpoint of the same architecture shares it.
+
+Kinds of step, as in compiled_decode.py: one row, and a few rows (2..DENSE_ROWS); the number of
+rows, the block-table width and the pool's size are dynamic. Steps of more rows, pre-fill and
+traced steps stay eager (or go to torch.compile with `compile=True`).
+
+    pellucid compile [--model M]      # builds them (make setup does, for the default model)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from pellucid.atomic import atomic_path
+from pellucid.models.context import DecodeBatch, ForwardContext
+from pellucid.models.llama import LlamaModel
+from pellucid.models.quant import DENSE_ROWS, Int8Linear
+from pellucid.weights.cache import cache_root
+
+log = logging.getLogger("pellucid")
+KINDS = {1: "one-row", 2: "few-rows"}  # compiled_decode.kind() -> the package's name
+ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+# The compiler's options for every kernel of the step: see compiled_decode.OPTIONS.
+OPTIONS = {
+    "size_asserts": False,
+    "alignment_asserts": False,
+    "scalar_asserts": False,
+    "realize_cpu_opcount_threshold": 8,
+    # the weights stay out of the library; the few tensors the compiler makes itself (the
+    # int4 kernel's group size) are stored beside it, read at load
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+}
+
+
+class DecodeStep(nn.Module):
+    """The step as export sees it: tensors in, logits out (the ForwardContext is rebuilt inside,
+    since a package's inputs are a flat list of tensors)."""
+
+    def __init__(self, model: LlamaModel):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, ids: Tensor, positions: Tensor, slots: Tensor, decode: list[Tensor],
+        k_cache: list[Tensor], v_cache: list[Tensor],
+    ) -> Tensor:  # fmt: skip
+        ctx = ForwardContext(k_cache, v_cache, slots, [], DecodeBatch(*decode))
+        return self.model.compute_logits(self.model.hidden_states(ids, positions, ctx)[0])
+
+
+def step_inputs(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> list[Tensor]:
+    """The step's inputs in the package's order: ids (1, B), positions (B,), slots (B,), the
+    decode batch's eight tensors, then every layer's K, then every layer's V."""
+    assert ctx.decode is not None and not ctx.prefills
+    d = ctx.decode
+    decode = [d.rows, d.block_tables, d.ctx_lens, d.blocks, d.block_rows, d.block_starts]
+    decode += [d.row_blocks, d.row_blocks_valid]
+    return [ids, positions, ctx.slot_mapping, *decode, *ctx.k_cache, *ctx.v_cache]
+
+
+def package_path(model: LlamaModel, kind: int) -> Path:
+    """Where the package for this model's architecture and kind of step lives."""
+    h = hashlib.sha256()
+    h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
+    h.update("|".join(_isa()).encode())
+    for name, t in sorted(named_tensors(model).items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())
+    for source in sorted((Path(__file__).parents[1] / "models").glob("*.py")):
+        h.update(source.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return cache_root() / "aot" / f"decode-{KINDS[kind]}-{h.hexdigest()[:24]}.pt2"
+
+
+def named_tensors(model: LlamaModel) -> dict[str, Tensor]:
+    """Every tensor the step may read, by the name export gives it: parameters, buffers, and
+    plain tensor attributes (a tied head's table), each under "model." (DecodeStep's field)."""
+    found: dict[str, Tensor] = {}
+    for prefix, module in model.named_modules():
+        for attr, value in [*module.named_parameters(recurse=False), *vars(module).items()]:
+            if isinstance(value, Tensor):
+                found[".".join(p for p in ("model", prefix, attr) if p)] = value
+        for attr, value in module.named_buffers(recurse=False):
+            found[".".join(p for p in ("model", prefix, attr) if p)] = value
+    return found
+
+
+def build(model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kind: int) -> Path:
+    """Export and compile the step for `kind`, on `example` (a decode step of that many rows,
+    written to a scratch pool); the package, stored under its name. Takes about a minute."""
+    path = package_path(model, kind)
+    head = model.lm_head
+    fbgemm_key = head.fbgemm_key if isinstance(head, Int8Linear) else None
+    if fbgemm_key is not None:  # fbgemm's op lives in this process only: not in a package
+        head.fbgemm_key = None
+    try:
+        dims = _dims(example[2], kind)
+        # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
+        ep = torch.export.export(
+            DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True
+        )
+    finally:
+        if fbgemm_key is not None:
+            head.fbgemm_key = fbgemm_key
+    with atomic_path(path) as tmp:
+        full = tmp.with_name(tmp.name + ".full.pt2")
+        try:
+            torch._inductor.aoti_compile_and_package(
+                ep, package_path=str(full), inductor_configs=OPTIONS
+            )
+            _without_weights(full, tmp, set(named_tensors(model)))
+        finally:
+            full.unlink(missing_ok=True)
+    return path
+
+
+class AotDecode:
+    """A loaded package: call it as the eager step, (ids (1, B), positions, ctx) -> logits."""
+
+    def __init__(self, path: Path, model: LlamaModel):
+        # torch's C++ loader directly: the Python wrapper imports the compiler (~1.5 s)
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
+        own = named_tensors(model)
+        constants = _stored_constants(path)
+        for fqn in self.loader.get_constant_fqns():
+            if fqn not in constants:
+                constants[fqn] = own[fqn]
+        # user_managed: the package points at the model's tensors, without copying them
+        self.loader.load_constants(constants, False, True, True)
+
+    def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        return self.loader.boxed_run(step_inputs(ids, positions, ctx))[0]
+
+
+def load(model: LlamaModel) -> dict[int, AotDecode]:
+    """The packages built for this model's architecture, by kind of step; {} when none is."""
+    loaded = {}
+    for kind in KINDS:
+        path = package_path(model, kind)
+        if path.exists():
+            try:
+                loaded[kind] = AotDecode(path, model)
+            except (RuntimeError, KeyError, OSError, zipfile.BadZipFile) as e:
+                log.warning("could not load %s (%s); run `pellucid compile` again", path, e)
+    return loaded
+
+
+def _args(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> tuple:
+    flat = step_inputs(ids, positions, ctx)
+    n = len(ctx.k_cache)
+    return flat[0], flat[1], flat[2], flat[3:11], flat[11 : 11 + n], flat[11 + n :]
+
+
+def _dims(ctx: ForwardContext, kind: int) -> tuple:
+    """Which sizes vary between calls: the rows (a graph for one row has exactly one), the
+    block-table width, the blocks the rows use in all, and the pool's number of blocks."""
+    from torch.export import Dim
+
+    rows = Dim("rows", min=2, max=DENSE_ROWS) if kind == 2 else None
+    width, total = Dim("width", min=2, max=1 << 16), Dim("total", min=2, max=1 << 20)
+    pool = Dim("pool", min=2, max=1 << 24)
+    b, bw = ({0: rows}, {0: rows, 1: width}) if rows is not None else (None, {1: width})
+    decode = [b, bw, b, {0: total}, {0: total}, {0: total}, bw, bw]
+    kv = [{0: pool}] * len(ctx.k_cache)
+    return {1: rows} if rows is not None else None, b, b, decode, kv, kv
+
+
+def _weights_config(z: zipfile.ZipFile) -> tuple[str, str]:
+    """The archive's list of stored tensors, and the folder their files are in."""
+    name = next(n for n in z.namelist() if n.endswith("/weights_config.json"))
+    return name, name.split("/data/")[0] + "/data/weights/"
+
+
+def _without_weights(src: Path, dst: Path, own: set[str]) -> None:
+    """Copy the package without the tensors the model holds itself."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        config_name, folder = _weights_config(zin)
+        config = json.loads(zin.read(config_name))
+        dropped = {folder + entry[0] for fqn, entry in config.items() if fqn in own}
+        kept = {fqn: entry for fqn, entry in config.items() if fqn not in own}
+        for info in zin.infolist():
+            if info.filename == config_name:
+                zout.writestr(info, json.dumps(kept))
+            elif info.filename not in dropped:
+                zout.writestr(info, zin.read(info.filename))
+
+
+def _stored_constants(path: Path) -> dict[str, Tensor]:
+    """The tensors the compiler made and the package keeps (each a few bytes)."""
+    with zipfile.ZipFile(path) as z:
+        config_name, folder = _weights_config(z)
+        stored = {}
+        for fqn, (file, shape, stride, offset) in json.loads(z.read(config_name)).items():
+            t = torch.load(io.BytesIO(z.read(folder + file)), weights_only=True)
+            stored[fqn] = t.as_strided(shape, stride, offset)
+        return stored
+
+
+def _isa() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+    return [f for f in ISA if f in flags]
