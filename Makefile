@@ -32,8 +32,9 @@ chromium:
 run: setup
 	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
 
+# Two workers, each taking whole test files (a file's tests keep their order and fixtures)
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
 test-fast: setup

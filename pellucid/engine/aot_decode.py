@@ -110,19 +110,10 @@ def build(model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kin
     """Export and compile the step for `kind`, on `example` (a decode step of that many rows,
     written to a scratch pool); the package, stored under its name. Takes about a minute."""
     path = package_path(model, kind)
-    head = model.lm_head
-    fbgemm_key = head.fbgemm_key if isinstance(head, Int8Linear) else None
-    if fbgemm_key is not None:  # fbgemm's op lives in this process only: not in a package
-        head.fbgemm_key = None
-    try:
-        dims = _dims(example[2], kind)
-        # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
-        ep = torch.export.export(
-            DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True
-        )
-    finally:
-        if fbgemm_key is not None:
-            head.fbgemm_key = fbgemm_key
+    use_fbgemm(model)
+    dims = _dims(example[2], kind)
+    # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
+    ep = torch.export.export(DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True)
     with atomic_path(path) as tmp:
         full = tmp.with_name(tmp.name + ".full.pt2")
         try:
@@ -139,6 +130,7 @@ class AotDecode:
     """A loaded package: call it as the eager step, (ids (1, B), positions, ctx) -> logits."""
 
     def __init__(self, path: Path, model: LlamaModel):
+        use_fbgemm(model)  # as when it was built: the graph may call fbgemm for the head
         # torch's C++ loader directly: the Python wrapper imports the compiler (~1.5 s)
         self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
         own = named_tensors(model)
@@ -164,6 +156,13 @@ def load(model: LlamaModel) -> dict[int, AotDecode]:
             except (RuntimeError, KeyError, OSError, zipfile.BadZipFile) as e:
                 log.warning("could not load %s (%s); run `pellucid compile` again", path, e)
     return loaded
+
+
+def use_fbgemm(model: LlamaModel) -> None:
+    """An int8 LM head multiplies one row by fbgemm (models/fbgemm.py), as torch.compile's step
+    does; the op finds the packed head by the weight the package hands it."""
+    if isinstance(head := model.lm_head, Int8Linear):
+        head.use_fbgemm()
 
 
 def _args(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> tuple:

@@ -15,14 +15,15 @@ Packing a matrix into fbgemm's layout takes up to seconds (Gemma's head), so it 
 decode step is first compiled, not at every load.
 
 fbgemm's packed matrix is a TorchScript object, which dynamo cannot put in a graph (it would
-break the graph there); the custom op `pellucid::fbgemm_linear` takes a key into a table of them
-instead, so a compiled step calls fbgemm like any other kernel.
+break the graph there); the custom op `pellucid::fbgemm_linear` takes the int8 weight itself and
+finds its packed copy in a table by the weight's address, so a compiled step calls fbgemm like
+any other kernel — and so does a step compiled ahead of time in another process
+(engine/aot_decode.py), which hands the op this process's own weight.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import warnings
 import weakref
 from pathlib import Path
@@ -30,8 +31,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-_PACKED: dict[int, torch.ScriptObject] = {}  # key -> fbgemm's packed matrix
-_KEYS = itertools.count()
+# The weight's address -> (the weight, fbgemm's packed copy of it). Holding the weight keeps
+# its address from going to another tensor while the entry lives.
+_PACKED: dict[int, tuple[Tensor, torch.ScriptObject]] = {}
 
 
 @functools.cache
@@ -45,13 +47,15 @@ def reduce_range() -> bool:
     return "avx512_vnni" not in flags and "avx_vnni" not in flags
 
 
-def prepack(owner: object, weight: Tensor, scales: Tensor) -> int | None:
-    """Pack int8 (out, in) weights with one scale per output row for fbgemm_linear; the key to
-    pass it, or None where fbgemm does not run: a build without torch's x86 quantized engine,
-    or a process that chose another one (torch.backends.quantized.engine, left as it is).
-    The packed copy lives as long as `owner` does."""
+def prepack(owner: object, weight: Tensor, scales: Tensor) -> bool:
+    """Pack int8 (out, in) weights with one scale per output row for fbgemm_linear: True, or
+    False where fbgemm does not run: a build without torch's x86 quantized engine, or a process
+    that chose another one (torch.backends.quantized.engine, left as it is). The packed copy
+    lives as long as `owner` does."""
+    if weight.data_ptr() in _PACKED:
+        return True
     if torch.backends.quantized.engine not in ("x86", "fbgemm"):
-        return None
+        return False
     zeros = torch.zeros(weight.shape[0], dtype=torch.long)
     try:
         # torch marks its quantized tensors deprecated; pellucid pins torch 2.13, where they work
@@ -60,20 +64,33 @@ def prepack(owner: object, weight: Tensor, scales: Tensor) -> int | None:
             q = torch._make_per_channel_quantized_tensor(weight, scales.double(), zeros, 0)
             packed = torch.ops.quantized.linear_prepack(q, None)
     except (RuntimeError, AttributeError):  # a torch without these ops: the caller's own path
-        return None
-    key = next(_KEYS)
-    _PACKED[key] = packed
-    weakref.finalize(owner, _PACKED.pop, key, None)
-    return key
+        return False
+    _PACKED[weight.data_ptr()] = (weight, packed)
+    weakref.finalize(owner, _PACKED.pop, weight.data_ptr(), None)
+    return True
 
 
-@torch.library.custom_op("pellucid::fbgemm_linear", mutates_args=())
-def fbgemm_linear(rows: Tensor, key: int, out_features: int) -> Tensor:
-    """rows (M, in), any float dtype -> float32 (M, out): rows @ W.T for the matrix packed under
-    `key`. The rows are rounded to uint8 with one scale for all of them."""
-    return torch.ops.quantized.linear_dynamic(rows.float(), _PACKED[key], reduce_range())
+# Declared with torch.library's low-level API: a custom_op's kernel imports dynamo (~1.5 s) on
+# its first call, which a process running a step compiled ahead has no other reason to pay.
+_LIB = torch.library.Library("pellucid", "DEF")  # the op is defined once, here
+_LIB.define("fbgemm_linear(Tensor rows, Tensor weight) -> Tensor")
 
 
-@fbgemm_linear.register_fake
-def _(rows: Tensor, key: int, out_features: int) -> Tensor:
-    return rows.new_empty(rows.shape[0], out_features, dtype=torch.float32)
+def fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
+    """rows (M, in), any float dtype -> float32 (M, out): rows @ W.T for the int8 `weight`,
+    packed by prepack first. The rows are rounded to uint8 with one scale for all of them."""
+    return torch.ops.pellucid.fbgemm_linear(rows, weight)
+
+
+def _fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
+    return torch.ops.quantized.linear_dynamic(
+        rows.float(), _PACKED[weight.data_ptr()][1], reduce_range()
+    )
+
+
+_LIB.impl("fbgemm_linear", _fbgemm_linear, "CPU")
+
+
+@torch.library.register_fake("pellucid::fbgemm_linear")
+def _(rows: Tensor, weight: Tensor) -> Tensor:
+    return rows.new_empty(rows.shape[0], weight.shape[0], dtype=torch.float32)

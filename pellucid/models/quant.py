@@ -160,14 +160,14 @@ class Int8Linear(PackedLinear):
         super().__init__(in_features, out_features)
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
-        self.fbgemm_key: int | None = None  # set by use_fbgemm: one row goes to fbgemm
+        self.fbgemm = False  # set by use_fbgemm: one row goes to fbgemm
 
     def use_fbgemm(self) -> None:
         """Multiply one row by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
         for the LM head only. Packing takes seconds for a big head; where fbgemm cannot run,
         nothing changes."""
-        if self.fbgemm_key is None:
-            self.fbgemm_key = fbgemm.prepack(self, self.weight, self.scales)
+        if not self.fbgemm:
+            self.fbgemm = fbgemm.prepack(self, self.weight, self.scales)
 
     def pack(self, w: Tensor) -> None:
         scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
@@ -175,9 +175,9 @@ class Int8Linear(PackedLinear):
         self.scales = scale.bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
-        if rows.shape[0] == 1 and self.fbgemm_key is not None:
+        if rows.shape[0] == 1 and self.fbgemm:
             # float32: the head's logits are not rounded to bf16 on the way out
-            return fbgemm.fbgemm_linear(rows, self.fbgemm_key, self.out_features)
+            return fbgemm.fbgemm_linear(rows, self.weight)
         if rows.shape[0] == 1 and torch.compiler.is_compiling():
             # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
             # run): inductor's own loop over the int8 matrix beats the kernel there (measured:
