@@ -37,6 +37,19 @@ def run(llm, prompts: list[list[int]], config: EngineConfig) -> tuple[list[list[
     return [s.output_ids for s in seqs], engine
 
 
+def random_smollm2(smollm2, n_layers: int) -> SimpleNamespace:
+    """A model with SmolLM2's shapes but `n_layers` random layers (compiling all 30 would take
+    minutes), with SmolLM2's tokenizer, as run() takes it."""
+    from pellucid.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(smollm2.config, n_layers=n_layers))
+    model = model.eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+    return SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+
+
 @pytest.fixture(scope="module", params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
 def llm(request):
     """The tiny random model (fast tier) and SmolLM2 (a real one)."""
@@ -114,14 +127,8 @@ def test_background_compile_decodes_eagerly_then_switches(smollm2):
     slowed the serving thread's while it lived)."""
     from torch._dynamo.utils import counters
 
-    from pellucid.models import build_model
-
-    torch.manual_seed(0)
-    model = build_model(dataclasses.replace(smollm2.config, n_layers=2))
-    model = model.eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.2)
-    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    tiny = random_smollm2(smollm2, n_layers=2)
+    model = tiny.model
     prompts = [smollm2.encode(t) for t in ("The sea", "Once upon a time there", "Hi")]
     expected = [reference_greedy(model, p) for p in prompts]
     config = EngineConfig(compile=True, compile_in_background=True, block_size=4)
@@ -174,13 +181,8 @@ def test_compiled_decode_equals_the_reference_without_recompiling(smollm2):
     from pellucid.models import build_model
 
     prompts = smollm2_prompts(smollm2)
-
-    torch.manual_seed(0)
-    cfg = dataclasses.replace(smollm2.config, n_layers=2)
-    model = build_model(cfg).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.2)
-    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    tiny = random_smollm2(smollm2, n_layers=2)
+    model, cfg = tiny.model, tiny.model.cfg
     expected = [reference_greedy(model, p) for p in prompts]
     counters.clear()
     short = prompts[0][:2]  # one block of 4 at first, then 2 and 3 as it decodes 6 tokens
@@ -212,12 +214,8 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
 
     monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path))
     prompts = smollm2_prompts(smollm2)
-    torch.manual_seed(0)
-    cfg = dataclasses.replace(smollm2.config, n_layers=1)
-    model = build_model(cfg).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.2)
-    tiny = SimpleNamespace(model=model, tokenizer=smollm2.tokenizer, kv_dtype=torch.float32)
+    tiny = random_smollm2(smollm2, n_layers=1)
+    model, cfg = tiny.model, tiny.model.cfg
     expected = [reference_greedy(model, p) for p in prompts]
     config = EngineConfig(block_size=4)
     _, engine = run(tiny, prompts[:1], config)

@@ -20,6 +20,10 @@ each kind of step switches to its graph once it is ready: a server answers at on
 seconds later, and no request waits for the compiler. Meanwhile the steps are slower than plain
 eager ones, since dynamo's tracing holds Python's lock most of the time.
 
+Steps compiled ahead of time (aot_decode.py, built by `pellucid compile`) come first: a kind of
+step with a package never reaches torch.compile, and without `compile=True` (jit=False) the
+kinds without one run eagerly.
+
 `prepare` is the one place that sets what compiling needs of the process.
 """
 
