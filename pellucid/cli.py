@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", help=f"model name, GGUF file or HF folder (default {catalog.DEFAULT_MODEL})"
     )
     ahead.add_argument("--force", action="store_true", help="build again what was built before")
+    ahead.add_argument(
+        "--kind",
+        choices=["one-row", "few-rows"],
+        help="build one kind of step only (default both; two processes can build one each)",
+    )
     ahead.set_defaults(run=run_compile)
     add_explain_command(commands)
     add_agent_command(commands)  # the tool loop
@@ -269,12 +274,14 @@ def run_compile(args: argparse.Namespace) -> int:
     import time
 
     from pellucid.config import EngineConfig
+    from pellucid.engine.aot_decode import KINDS
     from pellucid.llm import LLM
 
     start = time.perf_counter()
+    kinds = [k for k, name in KINDS.items() if args.kind in (None, name)]
     llm = LLM(args.model, engine=EngineConfig(compiled_ahead=False))
     print(f"Compiling the decode step of {llm.path.name} ahead of time...", file=sys.stderr)
-    for path in llm.engine.model_runner.compile_ahead(force=args.force):
+    for path in llm.engine.model_runner.compile_ahead(args.force, kinds):
         print(path)
     print(f"[done in {time.perf_counter() - start:.0f} s]", file=sys.stderr)
     return 0

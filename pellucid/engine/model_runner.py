@@ -96,14 +96,14 @@ class ModelRunner:
         hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
         return self.model.compute_logits(hidden[last_rows]) if last_rows else None
 
-    def compile_ahead(self, force: bool = False) -> list[Path]:
+    def compile_ahead(self, force: bool = False, kinds: list[int] | None = None) -> list[Path]:
         """Build the decode step's packages for this model's architecture (aot_decode.py), one
-        per kind of step, unless built before (or `force`), and use them from now on; their
-        paths."""
+        per kind of step (`kinds`, default all), unless built before (or `force`), and use them
+        from now on; their paths."""
         if self.scratch is None:
             self.scratch = _scratch(self.pool)
         paths = []
-        for k in aot_decode.KINDS:
+        for k in kinds or aot_decode.KINDS:
             path = aot_decode.package_path(self.model, k)
             paths.append(path)
             if force or not path.exists():
