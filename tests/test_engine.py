@@ -232,7 +232,7 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     assert batched == expected and engine.model_runner.compiled_decode.steps >= N_NEW - 1
 
     other = build_model(dataclasses.replace(cfg, norm_eps=1.0)).eval().requires_grad_(False)
-    assert aot_decode.package_path(other, 1) != paths[0]
+    assert aot_decode.package_paths(other)[1] != paths[0]
     assert aot_decode.load(other) == {}
 
     paths[0].write_bytes(b"not a package")

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from pellucid.atomic import atomic_path
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, Int8Linear
+from pellucid.models.quant import DENSE_ROWS, use_fbgemm_head
 from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")
@@ -80,8 +80,8 @@ def step_inputs(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> list[Ten
     return [ids, positions, ctx.slot_mapping, *decode, *ctx.k_cache, *ctx.v_cache]
 
 
-def package_path(model: LlamaModel, kind: int) -> Path:
-    """Where the package for this model's architecture and kind of step lives."""
+def package_paths(model: LlamaModel) -> dict[int, Path]:
+    """Where the packages for this model's architecture live, by kind of step."""
     h = hashlib.sha256()
     h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
     h.update("|".join(_isa()).encode())
@@ -90,7 +90,8 @@ def package_path(model: LlamaModel, kind: int) -> Path:
     for source in sorted((Path(__file__).parents[1] / "models").glob("*.py")):
         h.update(source.read_bytes())
     h.update(Path(__file__).read_bytes())
-    return cache_root() / "aot" / f"decode-{KINDS[kind]}-{h.hexdigest()[:24]}.pt2"
+    folder, key = cache_root() / "aot", h.hexdigest()[:24]
+    return {kind: folder / f"decode-{name}-{key}.pt2" for kind, name in KINDS.items()}
 
 
 def named_tensors(model: LlamaModel) -> dict[str, Tensor]:
@@ -106,11 +107,12 @@ def named_tensors(model: LlamaModel) -> dict[str, Tensor]:
     return found
 
 
-def build(model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kind: int) -> Path:
+def build(
+    model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kind: int, path: Path
+) -> None:
     """Export and compile the step for `kind`, on `example` (a decode step of that many rows,
-    written to a scratch pool); the package, stored under its name. Takes about a minute."""
-    path = package_path(model, kind)
-    use_fbgemm(model)
+    written to a scratch pool), into the package at `path`. Takes 2-3 minutes on 2 cores."""
+    use_fbgemm_head(model)
     dims = _dims(example[2], kind)
     # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
     ep = torch.export.export(DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True)
@@ -123,14 +125,13 @@ def build(model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kin
             _without_weights(full, tmp, set(named_tensors(model)))
         finally:
             full.unlink(missing_ok=True)
-    return path
 
 
 class AotDecode:
     """A loaded package: call it as the eager step, (ids (1, B), positions, ctx) -> logits."""
 
     def __init__(self, path: Path, model: LlamaModel):
-        use_fbgemm(model)  # as when it was built: the graph may call fbgemm for the head
+        use_fbgemm_head(model)  # as when it was built: the graph may call fbgemm for the head
         # torch's C++ loader directly: the Python wrapper imports the compiler (~1.5 s)
         self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
         own = named_tensors(model)
@@ -148,21 +149,13 @@ class AotDecode:
 def load(model: LlamaModel) -> dict[int, AotDecode]:
     """The packages built for this model's architecture, by kind of step; {} when none is."""
     loaded = {}
-    for kind in KINDS:
-        path = package_path(model, kind)
+    for kind, path in package_paths(model).items():
         if path.exists():
             try:
                 loaded[kind] = AotDecode(path, model)
             except (RuntimeError, KeyError, OSError, zipfile.BadZipFile) as e:
                 log.warning("could not load %s (%s); run `pellucid compile` again", path, e)
     return loaded
-
-
-def use_fbgemm(model: LlamaModel) -> None:
-    """An int8 LM head multiplies one row by fbgemm (models/fbgemm.py), as torch.compile's step
-    does; the op finds the packed head by the weight the package hands it."""
-    if isinstance(head := model.lm_head, Int8Linear):
-        head.use_fbgemm()
 
 
 def _args(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> tuple:

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from pellucid.models.context import ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, Int8Linear, make_dense
+from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
 from pellucid.weights.cache import cache_root
 
 Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
@@ -140,8 +140,7 @@ class CompiledDecode:
         return self.eager(ids, positions, ctx)
 
     def make_compiled(self) -> Forward:
-        if isinstance(head := self.model.lm_head, Int8Linear):
-            head.use_fbgemm()  # before tracing: the graph calls fbgemm for one row
+        use_fbgemm_head(self.model)  # before tracing: the graph calls fbgemm for one row
         # Dynamo keeps its graphs per code object, and OPTIONS drops the guards that would tell
         # two models apart (a norm's epsilon is baked into the graph): this step gets a code
         # object of its own, so that another model's graphs never serve it.

@@ -102,18 +102,16 @@ class ModelRunner:
         from now on; their paths."""
         if self.scratch is None:
             self.scratch = _scratch(self.pool)
-        paths = []
+        paths = aot_decode.package_paths(self.model)
         for k in kinds or aot_decode.KINDS:
-            path = aot_decode.package_path(self.model, k)
-            paths.append(path)
-            if force or not path.exists():
-                aot_decode.build(self.model, self.example_step(k), k)
+            if force or not paths[k].exists():
+                aot_decode.build(self.model, self.example_step(k), k, paths[k])
         steps = aot_decode.load(self.model)
         if self.compiled_decode is None:
             self.compiled_decode = prepare(self.model, None, False, steps)
         else:
             self.compiled_decode.ahead = steps
-        return paths
+        return [paths[k] for k in kinds or aot_decode.KINDS]
 
     def example_step(self, rows: int) -> tuple[Tensor, Tensor, ForwardContext]:
         """A decode step of `rows` one-token sequences for a background compile: the same

@@ -234,6 +234,14 @@ def make_dense(model: LlamaModel) -> None:
             module.dense = module.dequantize()
 
 
+def use_fbgemm_head(model: LlamaModel) -> None:
+    """An int8 LM head multiplies one row by fbgemm from now on (models/fbgemm.py): what a
+    compiled decode step calls, torch.compile's or one compiled ahead (the op finds the packed
+    head by the weight it is handed)."""
+    if isinstance(head := model.lm_head, Int8Linear):
+        head.use_fbgemm()
+
+
 def share_embedding(model: LlamaModel) -> None:
     """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
     (Call again after load_state_dict(assign=True) replaces the table.)"""
