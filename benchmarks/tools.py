@@ -193,10 +193,11 @@ def run_mode(
             constrained=constrained,
         )
         ids = llm.tokenizer.encode(chat.prompt, parse_special=True)
-        params = chat.constrain(
-            SamplingParams(
-                temperature=0, max_tokens=category.max_tokens, frequency_penalty=frequency_penalty
-            )
+        params = SamplingParams(
+            temperature=0,
+            max_tokens=category.max_tokens,
+            frequency_penalty=frequency_penalty,
+            **chat.sampling_fields(),
         )
         if chat.grammar is not None:
             try:  # compile now, so a grammar llguidance rejects is reported, not fatal

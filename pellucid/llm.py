@@ -151,11 +151,7 @@ class LLM:
             parallel_tool_calls=parallel_tool_calls,
             response_format=response_format,
         )
-        params = params or SamplingParams()
-        if chat.grammar is not None:
-            params = dataclasses.replace(
-                params, grammar=chat.grammar, grammar_close_margin=chat.close_margin
-            )
+        params = dataclasses.replace(params or SamplingParams(), **chat.sampling_fields())
         for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import jsonschema
@@ -11,8 +12,9 @@ import openai
 import pytest
 from helpers import KEY, MODEL, Running, serving
 
-from pellucid import LLM
+from pellucid import LLM, SamplingParams
 from pellucid.server import create_app
+from pellucid.structured import prepare_chat
 
 WEATHER = {
     "type": "function",
@@ -121,6 +123,108 @@ def test_streamed_tool_calls_equal_the_whole_answer(client: openai.OpenAI) -> No
     ]
 
 
+OSLO = [{"role": "user", "content": "What's the weather in Oslo, in celsius?"}]
+ORDER = {
+    "type": "function",
+    "function": {
+        "name": "shop.place_order",  # a dot: pellucid takes names as given (OpenAI's do not)
+        "description": "Order groceries.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "items": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "quantity": {"type": "integer", "minimum": 1},
+                            "unit": {"type": "string", "enum": ["piece", "kg"]},
+                        },
+                        "required": ["name", "quantity"],
+                    },
+                },
+                "express": {"type": "boolean", "default": False},
+            },
+            "required": ["items"],
+        },
+    },
+}
+
+
+def _reply(client: openai.OpenAI, stream: bool, **kwargs) -> tuple[list[tuple[str, dict]], str]:
+    """(name, arguments) of each call and the finish_reason, from a whole or a streamed reply."""
+    kwargs = {"model": MODEL, "temperature": 0, **kwargs}
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        calls = choice.message.tool_calls or []
+        return [(c.function.name, json.loads(c.function.arguments)) for c in calls], (
+            choice.finish_reason
+        )
+    parts: dict[int, dict] = {}
+    finish = ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            entry = parts.setdefault(c.index, {"name": "", "arguments": ""})
+            entry["name"] += c.function.name or ""
+            entry["arguments"] += c.function.arguments or ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    return [(c["name"], json.loads(c["arguments"])) for c in parts.values()], finish
+
+
+def _raw_calls(llm: LLM, messages: list[dict], max_tokens: int) -> list[dict]:
+    """The calls greedy decoding writes under the required grammar when nothing filters them."""
+    chat = prepare_chat(llm.tokenizer, messages, tools=[WEATHER], tool_choice="required")
+    fields = chat.sampling_fields()
+    del fields["distinct_blocks"]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, **fields)
+    text = llm.generate([llm.encode_chat(chat.prompt)], params)[0].text
+    return [
+        json.loads(b)["arguments"] for b in re.findall(r"<tool_call>\n(.*)\n</tool_call>", text)
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_repeated_call_ends_the_reply(smollm2: LLM, client: openai.OpenAI, stream: bool) -> None:
+    # Left alone, the model calls get_weather(Oslo, celsius) again and again.
+    raw = _raw_calls(smollm2, OSLO, 300)
+    assert len(raw) >= 3 and all(c == raw[0] for c in raw)
+    calls, finish = _reply(client, stream, messages=OSLO, tools=[WEATHER], tool_choice="required")
+    assert calls == [("get_weather", raw[0])] and finish == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_the_margin_forced_shut_is_left_out(
+    smollm2: LLM, client: openai.OpenAI, stream: bool
+) -> None:
+    # In 80 tokens the second call starts, and the close margin shuts it with its city emptied.
+    raw = _raw_calls(smollm2, ASK, 80)
+    assert len(raw) == 2 and raw[0]["city"] == "Paris" and raw[1]["city"] == ""
+    calls, finish = _reply(
+        client, stream, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=80
+    )
+    assert calls == [("get_weather", raw[0])] and finish == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_an_array_of_objects_and_a_dotted_name(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    calls, finish = _reply(
+        client,
+        stream,
+        messages=[{"role": "user", "content": "Order 2 kg of apples and 3 lemons."}],
+        tools=[ORDER, WEATHER],
+        tool_choice={"type": "function", "function": {"name": "shop.place_order"}},
+    )
+    assert calls and finish == "tool_calls"
+    for name, args in calls:
+        assert name == "shop.place_order"
+        jsonschema.validate(args, ORDER["function"]["parameters"])
+        assert args["items"] and all(isinstance(i, dict) for i in args["items"])
+
+
 def test_tool_results_go_back_to_the_model(client: openai.OpenAI) -> None:
     messages = [
         *ASK,
@@ -190,6 +294,7 @@ def test_response_format_json_schema(client: openai.OpenAI) -> None:
             "tool_choice": "required",
         },
         {"response_format": {"type": "json_schema"}},
+        {"tools": [{"type": "function", "function": {"name": "get weather"}}]},  # a space
     ],
 )
 def test_bad_tool_requests_are_400(client: openai.OpenAI, bad: dict) -> None:

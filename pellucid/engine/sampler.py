@@ -34,6 +34,7 @@ class SamplerState:
     __slots__ = (
         "counts",
         "forced",
+        "forced_shut",
         "generator",
         "grammars",
         "last_mask",
@@ -67,6 +68,9 @@ class SamplerState:
         self.matcher: llguidance.LLMatcher | None = None
         self.grammars: GrammarCompiler | None = None
         self.forced: list[bool] = []
+        # The close margin took away the model's first choice (it wanted more string, another
+        # call): what it closes is cut short, so the reply ends with finish_reason "length".
+        self.forced_shut = False
         self.last_mask: Tensor | None = None  # (V,) bool, the grammar's mask at the last step
 
     def update(self, token_id: int) -> None:
@@ -158,11 +162,14 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
         if not allowed[row].any():
             allowed[row, eos] = True
         if _closing_time(states[i]):
+            wanted = int(logits[i].masked_fill(~allowed[row], NEG_INF).argmax())
             for tier in grammars.closing_tokens(logits.shape[-1]):
                 closing = allowed[row] & tier
                 if closing.any():
                     allowed[row] = closing
                     break
+            # The model's own first choice is cut: what the margin closes now is cut short.
+            states[i].forced_shut |= not bool(allowed[row, wanted])
         mask[i] = allowed[row]
         states[i].last_mask = allowed[row]
         states[i].forced.append(int(allowed[row].sum()) == 1)

@@ -80,6 +80,10 @@ class SamplingParams:
     # The last this-many tokens of max_tokens may only close what the grammar has open (JSON
     # strings, arrays, objects) or stop, so a looping model's JSON still ends valid; 0 = off.
     grammar_close_margin: int = 0
+    # (open, close) tags of blocks such as tool calls: each is held back until it closes, and one
+    # that repeats an earlier block, or that the close margin forced shut, ends the reply before
+    # it (finish_reason "stop" / "length"; see block_filter.py).
+    distinct_blocks: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -140,6 +144,16 @@ class SamplingParams:
         _require(
             _is_int(self.grammar_close_margin) and self.grammar_close_margin >= 0,
             f"grammar_close_margin must be an integer >= 0, got {self.grammar_close_margin!r}",
+        )
+        _require(
+            self.distinct_blocks is None
+            or (
+                isinstance(self.distinct_blocks, (tuple, list))
+                and len(self.distinct_blocks) == 2
+                and all(isinstance(t, str) and t for t in self.distinct_blocks)
+            ),
+            "distinct_blocks must be None or two non-empty strings (open tag, close tag), "
+            f"got {self.distinct_blocks!r}",
         )
         _require(
             isinstance(self.trace, (bool, TraceOptions)),

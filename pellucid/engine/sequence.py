@@ -7,6 +7,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from pellucid.engine.block_filter import BlockFilter
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
 from pellucid.engine.sampling_params import SamplingParams
@@ -56,6 +57,7 @@ class Sequence:
         self.trace: Recorder | None = None  # set by the engine when the request asks for one
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringFilter(params.stop)
+        self._blocks = BlockFilter(params.distinct_blocks)
         self.text = ""
 
     @property
@@ -73,22 +75,33 @@ class Sequence:
         self.token_ids.append(token_id)
         self.sampler_state.update(token_id)
         if token_id in self.stop_ids:
-            return self.finish("stop")  # the stop token itself is not shown
-        delta = self._stops.feed(self._detok.step(token_id))
-        self.text += delta
-        if self._stops.stopped:
-            self.finish("stop")
-            return delta
+            return self.finish(self._stop_reason())  # the stop token itself is not shown
+        delta = self._release(self._stops.feed(self._detok.step(token_id)))
+        if self._stops.stopped or self._blocks.ended:
+            return delta + self.finish(self._blocks.ended or "stop")
         full = len(self.token_ids) >= self.max_len
         if len(self.output_ids) >= self.params.max_tokens or full:
             return delta + self.finish("length")
         return delta
 
+    def _release(self, text: str) -> str:
+        """Text past the stop strings goes through the block filter, then into the reply."""
+        released = self._blocks.feed(text, forced=self.sampler_state.forced_shut)
+        self.text += released
+        return released
+
+    def _stop_reason(self) -> str:
+        # A reply the close margin had to force shut ends on EOS, but it is cut short.
+        return "length" if self.sampler_state.forced_shut else "stop"
+
     def finish(self, reason: str) -> str:
-        """Mark the sequence done; return any text held back for a stop string that never came."""
+        """Mark the sequence done; return any text held back for a stop string or a block that
+        never came."""
         self.status, self.finish_reason = Status.FINISHED, reason
-        tail = "" if self._stops.stopped else self._stops.flush()
-        self.text += tail
+        tail = "" if self._stops.stopped else self._release(self._stops.flush())
+        unclosed = self._blocks.flush()
+        self.text += unclosed
+        tail += unclosed
         if self.trace is not None:
             self.trace.finish(self.text, reason)
         return tail

@@ -24,7 +24,7 @@ class StopStringFilter:
         if cut is not None:
             self.stopped, self.held = True, ""
             return text[:cut]
-        keep = self._longest_stop_prefix_suffix(text)
+        keep = partial_suffix_len(text, self.stops)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep]
 
@@ -37,12 +37,14 @@ class StopStringFilter:
         hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
         return min(hits) if hits else None
 
-    def _longest_stop_prefix_suffix(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+
+def partial_suffix_len(text: str, tags: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of one of `tags`: text
+    that may yet become a tag, so it is held back."""
+    best = 0
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:n]):
+                best = n
+                break
+    return best

@@ -6,7 +6,8 @@ Everything a user can get wrong is caught here, before the engine sees it, and r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from pellucid.engine import SamplingParams, TraceOptions
 from pellucid.errors import PromptError
@@ -26,9 +27,9 @@ from pellucid.structured import prepare_chat
 class Prompt:
     ids: list[int]
     text: str  # what `echo` puts before the completion
-    grammar: str | None = None  # tool calls / response_format: what the reply must match
     parse_calls: bool = False  # tools are on: <tool_call> blocks in the reply become tool_calls
-    close_margin: int = 0  # SamplingParams.grammar_close_margin
+    # SamplingParams fields for tool calls / response_format: grammar, close margin, call tags
+    sampling: dict[str, Any] = field(default_factory=dict)
 
 
 def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
@@ -64,7 +65,7 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
                 f"the tools' or response_format's JSON schema: {e}",
                 "tools" if tools else "response_format",
             ) from e
-    return Prompt(ids, "", chat.grammar, chat.parse_calls, chat.close_margin)
+    return Prompt(ids, "", chat.parse_calls, chat.sampling_fields())
 
 
 def _param_of(message: str, has_tools: bool) -> str:
@@ -171,8 +172,7 @@ def sampling_params(
                     logprobs=logprobs,
                     ignore_eos=request.ignore_eos,
                     trace=_trace_options(llm, request.trace),
-                    grammar=prompt.grammar,
-                    grammar_close_margin=prompt.close_margin,
+                    **prompt.sampling,
                     **given,
                 )
             )

@@ -79,7 +79,9 @@ class ChatMessage(BaseModel):
 
 
 class FunctionSpec(BaseModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # OpenAI's names ([A-Za-z0-9_-]{1,64}) and dots, common in real tool sets (BFCL's
+    # "math.factorial", MCP servers'); a call comes back with the name as given.
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of type object
     strict: bool | None = None  # calls always match the schema here, strict or not

@@ -10,6 +10,7 @@ from pellucid.structured.grammars import (
     tool_call_grammar,
     tool_choice_name,
 )
+from pellucid.structured.tool_calls import CALL_CLOSE, CALL_OPEN
 from pellucid.structured.tool_prompt import messages_with_tools
 from pellucid.tokenizer import Tokenizer
 
@@ -26,6 +27,17 @@ class PreparedChat:
     # for SamplingParams.grammar_close_margin: 0 when the grammar allows free text ("auto"),
     # which closing tokens would cut short
     close_margin: int = 0
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """What this chat sets in SamplingParams (`dataclasses.replace(params, **fields)`): its
+        grammar, close margin, and with tools the call tags, so that a call repeated word for
+        word, or forced shut by the margin, ends the reply instead of reaching the client."""
+        fields: dict[str, Any] = (
+            {"distinct_blocks": (CALL_OPEN, CALL_CLOSE)} if self.parse_calls else {}
+        )
+        if self.grammar is not None:
+            fields |= {"grammar": self.grammar, "grammar_close_margin": self.close_margin}
+        return fields
 
 
 def prepare_chat(

@@ -40,7 +40,9 @@ def tool_call_grammar(
             "TEXT: /(.|\\n)*/\n"
         )
     else:
-        start = f"start: {_CALL}{more}\n"
+        # The newline that would lead into another call may also end the reply, so the close
+        # margin can stop there rather than open a call it would have to cut short.
+        start = f'start: {_CALL}{more} "\\n"?\n'
     return f"%llguidance {{}}\n{start}body: %json {json.dumps(call_schema(tools))}\n"
 
 

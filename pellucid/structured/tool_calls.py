@@ -24,6 +24,11 @@ class ToolCall:
     def args(self) -> dict:
         return json.loads(self.arguments)
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """Name and arguments with keys sorted: two calls with equal keys do the same thing."""
+        return self.name, json.dumps(self.args, sort_keys=True)
+
     def openai(self) -> dict:
         """The entry of an assistant message's `tool_calls` list."""
         return {
@@ -41,8 +46,10 @@ class ParsedReply:
 
 
 def parse_tool_calls(text: str) -> ParsedReply:
-    """Split a reply into its text and its calls; a malformed block stays in the text."""
-    calls, errors, kept, pos = [], [], [], 0
+    """Split a reply into its text and its calls; a malformed block stays in the text, and a call
+    that repeats an earlier one (same name and arguments) is dropped: running it twice is never
+    what the model meant (the engine already ends a reply at a word-for-word repeat)."""
+    calls, errors, kept, pos, seen = [], [], [], 0, set()
     while (start := text.find(CALL_OPEN, pos)) >= 0:
         block = _block_at(text, start, final=True)
         if block is None:  # opened and never closed: the reply was cut off mid-call
@@ -53,7 +60,8 @@ def parse_tool_calls(text: str) -> ParsedReply:
         if call is None:
             errors.append(error)
             kept.append(text[start:end])
-        else:
+        elif call.key not in seen:
+            seen.add(call.key)
             calls.append(call)
         pos = end
     kept.append(text[pos:])
@@ -113,10 +121,12 @@ class ToolCallStream:
 
     Text that might be the start of `<tool_call>` is held until it is known either way, so a
     client never sees half a tag. Everything after an opening tag is held until its closing tag.
+    A call that repeats an earlier one is dropped, as in `parse_tool_calls`.
     """
 
     def __init__(self) -> None:
         self._held = ""
+        self._seen: set[tuple[str, str]] = set()
 
     def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
         self._held += delta
@@ -136,7 +146,8 @@ class ToolCallStream:
             end, call, _ = block
             if call is None:
                 text.append(self._held[start:end])
-            else:
+            elif call.key not in self._seen:
+                self._seen.add(call.key)
                 calls.append(call)
             self._held = self._held[end:]
         return "".join(text), calls

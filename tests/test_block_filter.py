@@ -1,0 +1,52 @@
+"""BlockFilter: tagged blocks (tool calls) leave whole, and a repeated or forced one ends the reply."""
+
+from __future__ import annotations
+
+from pellucid.engine.block_filter import BlockFilter
+
+TAGS = ("<tool_call>", "</tool_call>")
+A = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+B = '<tool_call>\n{"name": "f", "arguments": {"x": 2}}\n</tool_call>'
+
+
+def run(text: str, forced_from: int | None = None) -> tuple[list[str], BlockFilter]:
+    """Feed one character at a time (every cut through a tag is tried); `forced_from`: the
+    character at which the close margin begins."""
+    f, out = BlockFilter(TAGS), []
+    for i, ch in enumerate(text):
+        out.append(f.feed(ch, forced=forced_from is not None and i >= forced_from))
+        if f.ended:
+            return out, f
+    out.append(f.flush())
+    return out, f
+
+
+def test_blocks_are_released_whole_and_text_around_them_flows() -> None:
+    out, f = run(f"Sure.\n{A}\n{B} done")
+    assert "".join(out) == f"Sure.\n{A}\n{B} done" and f.ended is None
+    assert A in out and B in out  # each block left in one piece, when its closing tag arrived
+    assert not any("<tool" in piece and piece not in (A, B) for piece in out)
+
+
+def test_a_word_for_word_repeat_ends_the_reply_before_it() -> None:
+    out, f = run(f"{A}\n{B}\n{A}\n{B}")
+    assert "".join(out) == f"{A}\n{B}\n" and f.ended == "stop"
+    assert f.flush() == ""  # nothing held comes out after the end
+
+
+def test_a_block_the_close_margin_forced_shut_is_dropped() -> None:
+    text = f"{A}\n{B}"
+    out, f = run(text, forced_from=len(A) + 30)  # the margin begins inside the second call
+    assert "".join(out) == f"{A}\n" and f.ended == "length"
+
+
+def test_an_unclosed_block_is_left_out_but_a_lone_tag_start_is_text() -> None:
+    out, f = run(f'{A}\n<tool_call>\n{{"name": ')  # cut off at max_tokens inside a call
+    assert "".join(out) == f"{A}\n" and f.ended is None
+    out, f = run("a < b <tool")
+    assert "".join(out) == "a < b <tool"
+
+
+def test_without_tags_text_passes_through() -> None:
+    f = BlockFilter(None)
+    assert f.feed(A + A) == A + A and f.flush() == "" and f.ended is None
