@@ -48,7 +48,7 @@ from common import commit, peak_rss_mib, save
 from openai.types.chat import ChatCompletion
 from rich.console import Console
 from rich.table import Table
-from serve import client_for, pellucid_server
+from serve import pellucid_server
 
 from pellucid import LLM, RequestOutput, SamplingParams
 from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
@@ -282,7 +282,9 @@ async def server_route(
 ) -> tuple[dict[str, Reply], dict[str, str], float]:
     """The same, through the server; a request it refuses (HTTP 400) counts as refused."""
     start = time.perf_counter()
-    client, gate = client_for(url), asyncio.Semaphore(IN_FLIGHT)
+    # No client timeout short of an hour: a reply that loops runs to the end of the context.
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=3600)
+    gate = asyncio.Semaphore(IN_FLIGHT)
 
     async def one(e: dict) -> Reply | str:
         tools, _, _ = openai_tools(e)

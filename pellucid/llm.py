@@ -148,7 +148,8 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Stream a reply. tool_choice: "auto" | "none" | "required" | {"type": "function",
         "function": {"name": ...}}; calls always match the tools' schemas (a grammar sees to it).
-        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}."""
+        response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}.
+        Without `params`: the model's recommended sampling, as the server uses."""
         chat = prepare_chat(
             self.tokenizer,
             messages,
@@ -157,7 +158,9 @@ class LLM:
             parallel_tool_calls=parallel_tool_calls,
             response_format=response_format,
         )
-        params = dataclasses.replace(params or SamplingParams(), **chat.sampling_fields())
+        if params is None:  # the server's defaults: the model's, then those for a reply of calls
+            params = SamplingParams(**self.sampling_defaults | chat.sampling_defaults)
+        params = dataclasses.replace(params, **chat.sampling_fields())
         for out in self._stream_ids(self.encode_chat(chat.prompt), params):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls

@@ -50,3 +50,12 @@ def test_an_unclosed_block_is_left_out_but_a_lone_tag_start_is_text() -> None:
 def test_without_tags_text_passes_through() -> None:
     f = BlockFilter(None)
     assert f.feed(A + A) == A + A and f.flush() == "" and f.ended is None
+
+
+def test_a_closing_tag_inside_a_json_string_does_not_end_the_block() -> None:
+    code = '<tool_call>\n{"name": "py", "arguments": {"code": "print(\\"}}</tool_call>\\")"}}\n</tool_call>'
+    out, f = run(f"{code}\n{code}")
+    assert "".join(out) == f"{code}\n" and f.ended == "stop"  # whole, then its repeat ends it
+    # forced shut after the tag inside the string: the block is still the one being forced
+    out, f = run(code, forced_from=code.index("</tool_call>") + 14)
+    assert "".join(out) == "" and f.ended == "length"

@@ -14,6 +14,7 @@ from pellucid.errors import ModelLoadError
 from pellucid.loading import sampling_defaults
 from pellucid.server.params import Prompt, sampling_params
 from pellucid.server.protocol import ChatCompletionRequest
+from pellucid.structured.chat_request import CALL_SAMPLING
 
 
 def test_gguf_keys_are_llama_cpps() -> None:
@@ -62,3 +63,18 @@ def test_a_request_names_what_it_wants_and_the_model_fills_the_rest() -> None:
 def test_smollm2_gets_its_model_cards_settings(smollm2: LLM) -> None:
     # The GGUF carries no general.sampling keys; the catalog has the card's generate() example.
     assert smollm2.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}
+
+
+def test_a_reply_that_must_be_calls_gets_a_frequency_penalty_unless_it_names_one() -> None:
+    llm = SimpleNamespace(
+        engine=SimpleNamespace(max_model_len=100), sampling_defaults={"temperature": 0.2}
+    )
+    prompt = Prompt([1, 2, 3], "", True, defaults=dict(CALL_SAMPLING))
+    ask = {"messages": [{"role": "user", "content": "hi"}]}
+    (params,) = sampling_params(llm, ChatCompletionRequest(**ask), prompt, None, None)
+    assert (params.temperature, params.frequency_penalty) == (
+        0.2,
+        CALL_SAMPLING["frequency_penalty"],
+    )
+    named = ChatCompletionRequest(**ask, frequency_penalty=0)
+    assert sampling_params(llm, named, prompt, None, None)[0].frequency_penalty == 0

@@ -1,17 +1,16 @@
 """Tagged blocks in a reply (tool calls): held back until they close, and ended where useless.
 
 A small model allowed several tool calls in one reply tends to write its last call again, and
-again, until it runs out of tokens; a client would run every copy. With `SamplingParams.blocks`
-set to the tags, a block is released only once it has closed, and the reply ends, before the
-block, when that block
+again, until it runs out of tokens; a client would run every copy. With
+`SamplingParams.distinct_blocks` set to the tags, a block is released only once it has closed, and
+the reply ends before a block that
 
     repeats an earlier block of the reply word for word    -> finish_reason "stop"
     was forced shut by the grammar's close margin          -> finish_reason "length"
     (the margin took away what the model wanted to write: it is not the call the model meant)
 
-and a block still open when the reply ends (cut off at max_tokens) is left out too.
-
-so neither reaches the text, the stream or the client.
+so neither reaches the text, the stream or the client. A block still open when the reply ends
+(cut off at max_tokens) is left out too.
 """
 
 from __future__ import annotations
@@ -28,35 +27,70 @@ class BlockFilter:
         self.held = ""  # an open block, or text that may be the start of its opening tag
         self.seen: set[str] = set()
         self.ended: str | None = None
+        self._block: _BlockEnd | None = None  # set while `held` starts with an open block
 
     def feed(self, delta: str, forced: bool = False) -> str:
         """Add `delta`; `forced`: the close margin has overruled the model (SamplerState.forced_shut),
         so the block that closes now is one it forced shut."""
         if not self.open or self.ended:
             return delta
-        text, out = self.held + delta, []
-        while (start := text.find(self.open)) >= 0:
-            out.append(text[:start])
-            # The first closing tag ends the block, even one inside a JSON string: two blocks
-            # are then compared by the part before it, which does not change what is released.
-            end = text.find(self.close, start + len(self.open))
+        self.held += delta
+        out = []
+        while True:
+            if self._block is None:
+                start = self.held.find(self.open)
+                if start < 0:
+                    keep = len(self.held) - partial_suffix_len(self.held, [self.open])
+                    out.append(self.held[:keep])
+                    self.held = self.held[keep:]
+                    return "".join(out)
+                out.append(self.held[:start])
+                self.held = self.held[start:]
+                self._block = _BlockEnd(len(self.open), self.close)
+            end = self._block.find(self.held)
             if end < 0:
-                self.held = text[start:]
                 return "".join(out)
-            end += len(self.close)
-            block, text = text[start:end], text[end:]
+            block, self.held, self._block = self.held[:end], self.held[end:], None
             if forced or block in self.seen:
                 self.ended, self.held = "length" if forced else "stop", ""
                 return "".join(out)
             self.seen.add(block)
             out.append(block)
-        keep = partial_suffix_len(text, [self.open])
-        self.held = text[len(text) - keep :]
-        out.append(text[: len(text) - keep])
-        return "".join(out)
 
     def flush(self) -> str:
         """At the end of generation: text that only looked like a tag's start goes out; a block
         that never closed (the reply ran out of tokens inside it) does not."""
         out, self.held = self.held, ""
-        return "" if self.ended or out.startswith(self.open) else out
+        return "" if self.ended or self._block is not None else out
+
+
+class _BlockEnd:
+    """Finds where a block of JSON ends: at the first closing tag outside a JSON string (code in
+    a string argument may well spell the tag). Scans each character once, however the block
+    arrives, so a long block costs linear time."""
+
+    def __init__(self, start: int, close: str):
+        self.close = close
+        self.pos = start  # next character to look at
+        self.in_string = self.escaped = False
+
+    def find(self, text: str) -> int:
+        """The index just past the closing tag, or -1 while the block is still open."""
+        while self.pos < len(text):
+            c = text[self.pos]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c == self.close[0]:
+                if text.startswith(self.close, self.pos):
+                    return self.pos + len(self.close)
+                if self.close.startswith(text[self.pos :]):
+                    return -1  # the tag may be arriving: look here again with more text
+            self.pos += 1
+        return -1

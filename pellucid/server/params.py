@@ -30,6 +30,7 @@ class Prompt:
     parse_calls: bool = False  # tools are on: <tool_call> blocks in the reply become tool_calls
     # SamplingParams fields for tool calls / response_format: grammar, close margin, call tags
     sampling: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)  # for what the request leaves out
 
 
 def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
@@ -65,7 +66,7 @@ def chat_prompt(llm: LLM, request: ChatCompletionRequest) -> Prompt:
                 f"the tools' or response_format's JSON schema: {e}",
                 "tools" if tools else "response_format",
             ) from e
-    return Prompt(ids, "", chat.parse_calls, chat.sampling_fields())
+    return Prompt(ids, "", chat.parse_calls, chat.sampling_fields(), chat.sampling_defaults)
 
 
 def _param_of(message: str, has_tools: bool) -> str:
@@ -147,19 +148,24 @@ def sampling_params(
             "context_length_exceeded",
         )
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-    given = llm.sampling_defaults | {  # what the request names wins over the model's defaults
-        name: getattr(request, name)
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-        )
-        if getattr(request, name) is not None
-    }
+    # What the request names wins over the defaults of this reply (calls), then of the model
+    given = (
+        llm.sampling_defaults
+        | prompt.defaults
+        | {
+            name: getattr(request, name)
+            for name in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "repetition_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+            )
+            if getattr(request, name) is not None
+        }
+    )
     params = []
     for i in range(request.n):
         seed = None if request.seed is None else request.seed + i
