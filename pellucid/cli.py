@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("model", "openai"),
         default="model",
         help="for settings a request leaves out: the model's recommended sampling (its file's, "
-        "else its card's; default) or OpenAI's (temperature 1, top_p 1)",
+        "else its card's; default) or OpenAI's (temperature 1, top_p 1; replies that must be "
+        "tool calls keep frequency_penalty 0.5)",
     )
     add_limit_args(serve)
     serve.set_defaults(run=run_serve)

@@ -15,7 +15,9 @@ from pellucid.models.paged_attention import (
     attend_causal_explicit,
     causal_bias,
     decode_attention,
+    decode_attention_bucketed,
     decode_attention_by_block,
+    length_buckets,
     padded_mask,
 )
 from pellucid.train.config import TrainConfig
@@ -43,6 +45,28 @@ def test_compiled_decode_attention_equals_eager(cache_dtype, window, lens):
     )
     assert compiled.shape == eager.shape == (len(lens), n_heads, head_dim)
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_rows_of_very_different_lengths_attend_in_groups_as_one_padded_batch(window):
+    torch.manual_seed(0)
+    num_blocks, n_kv, head_dim, n_heads = 48, 2, 16, 6
+    k_cache = torch.randn(num_blocks, BLOCK, n_kv, head_dim)
+    v_cache = torch.randn(num_blocks, BLOCK, n_kv, head_dim)
+    # a long row (a reply looping at the end of its context) among short ones
+    lens = [3, 120, 7, 5, 30]
+    tables, free = [], iter(torch.randperm(num_blocks).tolist())
+    for n in lens:
+        tables.append([next(free) for _ in range(-(-n // BLOCK))])
+    batch = _decode_batch(list(range(len(lens))), tables, lens, BLOCK)
+    q = torch.randn(len(lens), n_heads, head_dim)
+    mask = padded_mask(batch, window, BLOCK)
+
+    padded = decode_attention(q, k_cache, v_cache, batch.block_tables, mask, 0.25)
+    grouped = decode_attention_bucketed(q, k_cache, v_cache, batch, mask, 0.25)
+    torch.testing.assert_close(grouped, padded, atol=1e-6, rtol=1e-6)
+    widths = {w: r.tolist() for r, w in length_buckets(batch, BLOCK)}
+    assert widths == {1: [0], 2: [2, 3], 8: [4], 30: [1]}  # the 120-token row alone at full width
 
 
 @pytest.mark.parametrize("n_kv", [4, 2])  # 2: two query heads share each K/V head

@@ -40,6 +40,8 @@ class DecodeBatch:
     row_blocks: Tensor  # (B, max_blocks) int64: each row's indices into `blocks`, padded with 0
     row_blocks_valid: Tensor  # (B, max_blocks) bool: False where row_blocks is padding
     masks: dict[int | None, Tensor] = field(default_factory=dict)  # by window: (B, 1, 1, max_len)
+    # Eager attention's groups of rows of about the same length: (rows, width in blocks)
+    buckets: list[tuple[Tensor, int]] | None = None
 
 
 @dataclass(slots=True)
