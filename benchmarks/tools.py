@@ -301,7 +301,8 @@ async def server_route(
             except openai.BadRequestError as err:
                 return str(err)
 
-    results = await asyncio.gather(*map(one, entries))
+    async with client:  # closed inside this event loop, which asyncio.run then ends
+        results = await asyncio.gather(*map(one, entries))
     replies = {e["id"]: r for e, r in zip(entries, results) if isinstance(r, Reply)}
     refused = {e["id"]: r for e, r in zip(entries, results) if isinstance(r, str)}
     return replies, refused, time.perf_counter() - start
