@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pellucid.config import EngineConfig
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
+from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.loading import sampling_defaults
 from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
@@ -113,13 +115,8 @@ class LLM:
                 f"got {len(params)} SamplingParams for {len(prompts)} prompts; "
                 "give one, or one per prompt"
             )
-        seqs = [self.engine.add_request(self.encode(p), sp) for p, sp in zip(prompts, params)]
-        finals = _finals(self._steps())
-        return [finals[s.request_id] for s in seqs]
-
-    def _steps(self) -> Iterator[RequestOutput]:
-        while self.engine.has_unfinished():
-            yield from self.engine.step()
+        finals = _finals(self._outputs([(self.encode(p), sp) for p, sp in zip(prompts, params)]))
+        return [finals[i] for i in sorted(finals)]  # request ids count up in the order added
 
     def stream(
         self, prompt: Prompt, params: SamplingParams | None = None
@@ -167,15 +164,28 @@ class LLM:
             yield out
 
     def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[RequestOutput]:
-        seq = self.engine.add_request(ids, params)
+        yield from self._outputs([(ids, params)])
+
+    def _outputs(self, requests: list[tuple[list[int], SamplingParams]]) -> Iterator[RequestOutput]:
+        """Run `requests` to the end, yielding their outputs as they come. Each step is taken
+        under the engine's lock, never across a yield: a server on this model runs its requests
+        between our steps (its steps advance ours too, and hand us their outputs)."""
+        outputs: deque[RequestOutput] = deque()
+        seqs: list[Sequence] = []
         try:
-            while not seq.is_finished:
-                for out in self.engine.step():
-                    if out.request_id == seq.request_id:
-                        yield out
-        finally:  # the consumer stopped early (break, disconnect): free the request
-            if not seq.is_finished:
-                self.engine.abort(seq.request_id)
+            with self.engine.lock:
+                for ids, params in requests:
+                    seqs.append(self.engine.add_request(ids, params, outputs.append))
+            while outputs or not all(s.is_finished for s in seqs):
+                with self.engine.lock:
+                    if not outputs and not all(s.is_finished for s in seqs):
+                        self.engine.step()
+                while outputs:
+                    yield outputs.popleft()
+        finally:  # the consumer stopped early (break, disconnect): free the requests
+            with self.engine.lock:
+                for seq in seqs:
+                    self.engine.abort(seq.request_id)
 
     def warm_up(self) -> None:
         """With compile=True: compile the decode step now rather than during the first requests

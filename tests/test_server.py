@@ -220,6 +220,32 @@ def test_concurrent_streams_each_equal_the_request_alone(
         assert list(pool.map(stream, conversations)) == expected
 
 
+def test_llm_calls_on_the_served_model_take_turns_with_the_server(
+    server: Running, client: openai.OpenAI, smollm2: LLM
+) -> None:
+    # Called from another thread while requests are in flight, `generate` and `stream` once
+    # stepped the engine alongside the server's thread: a sequence was advanced twice, and every
+    # later step of the server failed. Each side must get its own tokens, as if run alone.
+    conversations = [[{"role": "user", "content": f"Name {i} colours."}] for i in range(4)]
+    expected = [alone(server, smollm2, m, 12) for m in conversations]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    prompts = ["The capital of France is", "1, 2, 3,"]
+    want = [o.text for o in smollm2.generate(prompts, greedy)]
+
+    def ask(messages: list[dict]) -> str:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, temperature=0
+        )
+        return reply.choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = pool.map(ask, conversations * 2)
+        direct = [[o.text for o in smollm2.generate(prompts, greedy)] for _ in range(3)]
+        streamed = "".join(o.delta for o in smollm2.stream(prompts[0], greedy))
+        assert list(replies) == expected * 2
+    assert direct == [want] * 3 and streamed == want[0]
+
+
 # --- completions ---------------------------------------------------------------------------
 def test_completion_echo_and_logprobs(client: openai.OpenAI, smollm2: LLM) -> None:
     prompt = "The capital of France is"

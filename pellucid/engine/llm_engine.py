@@ -5,11 +5,17 @@ A step:
     result = model_runner.run(batch)           # one forward pass for all of them, then sampling
     scheduler.postprocess(batch, seconds)      # computed tokens, prefix-cache sharing, time
     seq.append(token) -> RequestOutput         # stop checks, text deltas; finished ones free blocks
+
+One thread steps at a time: whoever drives the engine (LLM's loops, the server's engine thread)
+holds `lock`. A request added with `on_output` gets its outputs through it, whichever thread ran
+the step, so an LLM call on a served model never swallows a server request's tokens.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -60,8 +66,16 @@ class LLMEngine:
         )
         self.sequences: dict[int, Sequence] = {}
         self.grammars = GrammarCompiler(tokenizer)
+        # Re-entrant: an LLM call made while holding it (a test borrowing a served engine) runs.
+        self.lock = threading.RLock()
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_output: Callable[[RequestOutput], None] | None = None,
+    ) -> Sequence:
+        """Queue a request; `on_output`, when given, receives each of its outputs as well."""
         self.check_prompt(prompt_ids)
         matcher = None if params.grammar is None else self.grammars.matcher(params.grammar)
         seq = Sequence(
@@ -72,6 +86,7 @@ class LLMEngine:
         options = params.trace_options
         if options is not None:
             seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model, self.pool)
+        seq.on_output = on_output
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -91,7 +106,8 @@ class LLMEngine:
             raise PromptError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
 
     def step(self) -> list[RequestOutput]:
-        """Advance every scheduled sequence; one output per sequence that got a new token."""
+        """Advance every scheduled sequence; one output per sequence that got a new token.
+        The caller holds `lock` (or is the only thread using the engine)."""
         batch = self.scheduler.schedule()
         result = self.model_runner.run(batch)
         self.scheduler.postprocess(batch, result.seconds)
@@ -104,7 +120,10 @@ class LLMEngine:
         delta = seq.append(token_id)
         if seq.is_finished:
             self._release(seq)
-        return seq.output(delta, logprob)
+        out = seq.output(delta, logprob)
+        if seq.on_output is not None:
+            seq.on_output(out)
+        return out
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

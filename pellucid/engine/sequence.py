@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,7 @@ class Sequence:
         self.sampler_state = SamplerState(params, prompt_ids, vocab_size)
         self.timings = Timings(prompt_tokens=len(prompt_ids))
         self.trace: Recorder | None = None  # set by the engine when the request asks for one
+        self.on_output: Callable[[RequestOutput], None] | None = None  # its owner, if it has one
         self._detok = IncrementalDetokenizer(tokenizer)
         self._stops = StopStringFilter(params.stop)
         self._blocks = BlockFilter(params.distinct_blocks)

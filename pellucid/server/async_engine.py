@@ -12,6 +12,7 @@ over and not yet seen finish: sequences and their tokens (prompt + max_tokens) i
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
@@ -132,9 +133,9 @@ class AsyncEngine:
         self.max_sequences = engine.config.max_num_seqs + limits.max_waiting  # in flight, at most
         self.accepting = True  # False once the server begins to shut down
         self.stats: EngineStats = engine.stats()  # a snapshot the thread refreshes every turn
-        # Held while the thread touches the engine: `with lock:` lets a test or tool borrow the
-        # engine (e.g. LLM.generate) between server requests without racing the thread.
-        self.lock = threading.Lock()
+        # Held while the thread touches the engine; LLM calls on the same model take it too, and
+        # run between the thread's turns.
+        self.lock = engine.lock
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._owners: dict[int, tuple[RequestHandle, int]] = {}  # engine request id -> handle
         self._handles: set[RequestHandle] = set()  # event loop only: for the in-flight count
@@ -257,8 +258,9 @@ class AsyncEngine:
                 if self._owners.pop(request_id, None) is not None:
                     self.engine.abort(request_id)
             return
+        deliver = functools.partial(self._on_output, handle, command.index)
         try:
-            seq = self.engine.add_request(command.prompt_ids, command.params)
+            seq = self.engine.add_request(command.prompt_ids, command.params, deliver)
         except Exception as e:  # noqa: BLE001 - the handler validated; tell it what still failed
             self._deliver(handle, command.index, e)
             return
@@ -286,19 +288,18 @@ class AsyncEngine:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            self.engine.step()  # outputs reach their handles through _on_output
         except Exception as e:  # keep serving: fail the requests in this batch
             log.exception("engine step failed")
             self._fail_all(e)
+
+    def _on_output(self, handle: RequestHandle, index: int, out: RequestOutput) -> None:
+        """An output of a server request, from whichever thread stepped (under the lock)."""
+        if self._owners.get(out.request_id) is None:  # aborted meanwhile
             return
-        for out in outputs:
-            owner = self._owners.get(out.request_id)
-            if owner is None:  # aborted meanwhile
-                continue
-            handle, index = owner
-            if out.finished:
-                del self._owners[out.request_id]
-            self._deliver(handle, index, out)
+        if out.finished:
+            del self._owners[out.request_id]
+        self._deliver(handle, index, out)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, (handle, index) in list(self._owners.items()):

@@ -66,9 +66,10 @@ def explain(
 def traced_run(llm: LLM, ids: list[int], params: SamplingParams) -> Trace:
     layers = list(range(llm.model.cfg.n_layers))
     options = TraceOptions(attention_layers=layers, logit_lens=True)
-    seq = llm.engine.add_request(ids, _with(params, trace=options))
-    while not seq.is_finished:
-        llm.engine.step()
+    with llm.engine.lock:  # a server on this model waits its turn
+        seq = llm.engine.add_request(ids, _with(params, trace=options))
+        while not seq.is_finished:
+            llm.engine.step()
     trace = seq.trace.trace
     trace.model.name = llm.path.name
     return trace
@@ -106,10 +107,11 @@ def pick_head(trace: Trace, focus: int) -> tuple[int, int]:
 def no_cache_comparison(llm: LLM, ids: list[int], params: SamplingParams) -> NoCacheComparison:
     """Time the engine (KV cache) against a loop that recomputes every token at every step."""
     params = _with(params, trace=False)
-    seq = llm.engine.add_request(ids, params)
-    start = time.perf_counter()
-    while not seq.is_finished:
-        llm.engine.step()
+    with llm.engine.lock:
+        seq = llm.engine.add_request(ids, params)
+        start = time.perf_counter()
+        while not seq.is_finished:
+            llm.engine.step()
     cached_s = time.perf_counter() - start
     n = len(seq.output_ids)
     state = SamplerState(params, ids, llm.model.cfg.vocab_size)  # same seed: same draws
