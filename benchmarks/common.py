@@ -75,7 +75,9 @@ ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", 
 
 
 def isa_flags() -> list[str]:
-    """The vector and matrix extensions this CPU reports (of those the kernels here can use)."""
+    """The vector and matrix extensions this CPU reports (of those the kernels here can use).
+    pellucid.cpu has the same reader; a peer's process must not import pellucid (and torch with
+    it), or its peak RSS would count torch's."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from pellucid import catalog
 from pellucid.config import EngineConfig
+from pellucid.engine import aot_decode
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
@@ -64,6 +65,9 @@ class LLM:
             self.config, metadata, self.dtype = ckpt.config, ckpt.gguf_metadata, DTYPES[dtype]
             self.kv_dtype = self.dtype
             self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
+        config = engine or EngineConfig()
+        if config.compiled_ahead:
+            aot_decode.start_head_packing(self.model)  # goes on while the tokenizer loads
         if metadata is not None:
             self.tokenizer = Tokenizer.from_gguf_metadata(metadata)
             from_file = sampling_defaults.from_gguf(metadata)
@@ -73,7 +77,6 @@ class LLM:
         # The authors' sampling settings: what the server uses where a request names none
         entry = catalog.find(str(model or catalog.DEFAULT_MODEL))
         self.sampling_defaults = (entry.sampling if entry else {}) | from_file
-        config = engine or EngineConfig()
         if max_model_len is not None:
             config.max_model_len = max_model_len
         config.compile = config.compile or compile  # torch.compile the decode step

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from pellucid.atomic import atomic_path
+from pellucid.cpu import isa_flags
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, use_fbgemm_head
@@ -40,7 +41,6 @@ from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")
 KINDS = {1: "one-row", 2: "few-rows"}  # compiled_decode.kind() -> the package's name
-ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 # The compiler's options for every kernel of the step: see compiled_decode.OPTIONS.
 OPTIONS = {
     "size_asserts": False,
@@ -84,7 +84,7 @@ def package_paths(model: LlamaModel) -> dict[int, Path]:
     """Where the packages for this model's architecture live, by kind of step."""
     h = hashlib.sha256()
     h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
-    h.update("|".join(_isa()).encode())
+    h.update("|".join(isa_flags()).encode())
     for name, t in sorted(named_tensors(model).items()):
         h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())
     for source in sorted((Path(__file__).parents[1] / "models").glob("*.py")):
@@ -144,6 +144,13 @@ class AotDecode:
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         return self.loader.boxed_run(step_inputs(ids, positions, ctx))[0]
+
+
+def start_head_packing(model: LlamaModel) -> None:
+    """Where a package will be loaded, start packing its LM head for fbgemm now: the packing
+    runs in a thread (models/fbgemm.py), so the caller's loading (the tokenizer) overlaps it."""
+    if any(path.exists() for path in package_paths(model).values()):
+        use_fbgemm_head(model)
 
 
 def load(model: LlamaModel) -> dict[int, AotDecode]:
@@ -207,12 +214,3 @@ def _stored_constants(path: Path) -> dict[str, Tensor]:
             t = torch.load(io.BytesIO(z.read(folder + file)), weights_only=True)
             stored[fqn] = t.as_strided(shape, stride, offset)
         return stored
-
-
-def _isa() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
-    return [f for f in ISA if f in flags]

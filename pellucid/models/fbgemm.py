@@ -11,8 +11,10 @@ costs little perplexity, while Gemma's decoder matrices would lose several perce
 outlier channels in their inputs take the whole 8-bit range). Tested: tests/test_quant.py;
 measured: benchmarks/results/comments.md.
 
-Packing a matrix into fbgemm's layout takes up to seconds (Gemma's head), so it is done when the
-decode step is first compiled, not at every load.
+Packing a matrix into fbgemm's layout takes up to seconds (Gemma's head; SmolLM2's 0.16 s), so
+it is done only for a compiled decode step, and in a thread of its own: the op releases the GIL,
+so loading goes on (the tokenizer, the first pre-fill) while it packs, and the first one-row step
+waits for it only if it is not done.
 
 fbgemm's packed matrix is a TorchScript object, which dynamo cannot put in a graph (it would
 break the graph there); the custom op `pellucid::fbgemm_linear` takes the int8 weight itself and
@@ -23,28 +25,26 @@ any other kernel — and so does a step compiled ahead of time in another proces
 
 from __future__ import annotations
 
-import functools
+import threading
 import warnings
 import weakref
-from pathlib import Path
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 from torch import Tensor
 
-# The weight's address -> (the weight, fbgemm's packed copy of it). Holding the weight keeps
-# its address from going to another tensor while the entry lives.
-_PACKED: dict[int, tuple[Tensor, torch.ScriptObject]] = {}
+from pellucid.cpu import cpu_flags
+
+# The weight's address -> (the weight, fbgemm's packed copy of it, once packed). Holding the
+# weight keeps its address from going to another tensor while the entry lives.
+_PACKED: dict[int, tuple[Tensor, Future[torch.ScriptObject]]] = {}
 
 
-@functools.cache
 def reduce_range() -> bool:
     """Without VNNI, fbgemm multiplies uint8 by int8 in pairs summed into int16, which can
-    saturate unless activations keep to 7 bits (its reduce_range). Read once, when first asked."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    return "avx512_vnni" not in flags and "avx_vnni" not in flags
+    saturate unless activations keep to 7 bits (its reduce_range)."""
+    return not cpu_flags() & {"avx512_vnni", "avx_vnni"}
 
 
 def prepack(owner: object, weight: Tensor, scales: Tensor) -> bool:
@@ -62,12 +62,23 @@ def prepack(owner: object, weight: Tensor, scales: Tensor) -> bool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             q = torch._make_per_channel_quantized_tensor(weight, scales.double(), zeros, 0)
-            packed = torch.ops.quantized.linear_prepack(q, None)
+        pack = torch.ops.quantized.linear_prepack
     except (RuntimeError, AttributeError):  # a torch without these ops: the caller's own path
         return False
+    packed: Future[torch.ScriptObject] = Future()
+    # A thread that ends when done: an idle live one would keep OpenMP threads that contend
+    # with the decoding thread's.
+    threading.Thread(target=_run, args=(packed, pack, q), name="fbgemm-prepack").start()
     _PACKED[weight.data_ptr()] = (weight, packed)
     weakref.finalize(owner, _PACKED.pop, weight.data_ptr(), None)
     return True
+
+
+def _run(future: Future, fn: Callable, *args: object) -> None:
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:  # noqa: BLE001 - raised again where the result is awaited
+        future.set_exception(e)
 
 
 # Declared with torch.library's low-level API: a custom_op's kernel imports dynamo (~1.5 s) on
@@ -84,7 +95,7 @@ def fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
 
 def _fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
     return torch.ops.quantized.linear_dynamic(
-        rows.float(), _PACKED[weight.data_ptr()][1], reduce_range()
+        rows.float(), _PACKED[weight.data_ptr()][1].result(), reduce_range()
     )
 
 

@@ -66,13 +66,20 @@ def _gpt2_byte_chars() -> dict[str, int]:
 
 
 _BYTE_OF_CHAR = _gpt2_byte_chars()
+# For str.translate: each character of the alphabet becomes the character of its byte's code, so
+# the result encodes as Latin-1 byte for byte; characters below 256 outside the alphabet become
+# one that Latin-1 cannot encode, as characters from 256 up already are (a vocabulary's worth of
+# tokens is read at every load: one C call per token, not a Python loop per character).
+_TO_BYTE_CODE = {ord(c): chr(b) for c, b in _BYTE_OF_CHAR.items()} | {
+    i: "\uffff" for i in range(256) if chr(i) not in _BYTE_OF_CHAR
+}
 
 
 def byte_level_piece(token: str) -> bytes:
     """'Ġthe' -> b' the'. A character outside GPT-2's byte alphabet stands for itself, as in HF."""
     try:
-        return bytes(_BYTE_OF_CHAR[c] for c in token)
-    except KeyError:
+        return token.translate(_TO_BYTE_CODE).encode("latin-1")
+    except UnicodeEncodeError:
         return token.encode()
 
 
