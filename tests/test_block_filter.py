@@ -59,3 +59,25 @@ def test_a_closing_tag_inside_a_json_string_does_not_end_the_block() -> None:
     # forced shut after the tag inside the string: the block is still the one being forced
     out, f = run(code, forced_from=code.index("</tool_call>") + 14)
     assert "".join(out) == "" and f.ended == "length"
+
+
+def test_where_the_json_of_an_open_block_stands() -> None:
+    f = BlockFilter(TAGS)
+    seen = []
+    for ch in '<tool_call>\n{"name": "f", "arguments": {"x": "a\\"b"}}':
+        f.feed(ch)
+        seen.append(f.json_at)
+    assert seen[0] is None  # no block open yet
+    # "{" outside; each opening quote, then the string; an escaped quote does not close it
+    assert seen[12] == "outside" and seen[13] == "string start" and seen[14] == "string"
+    # the last 8 characters: "a\"b"}}
+    assert seen[-8:] == ["string start"] + ["string"] * 4 + ["outside"] * 3
+    assert not f.lost
+
+
+def test_a_closing_tag_inside_a_string_says_the_model_lost_track() -> None:
+    # Fed a character at a time, so the tag arrives cut: it is still seen whole.
+    out, f = run('<tool_call>\n{"name": "f", "arguments": {"x": "}}</tool_call> and on')
+    assert f.lost and f.json_at == "string" and "".join(out) == ""
+    _, f = run('<tool_call>\n{"name": "f", "arguments": {"x": "</tool_"}}')
+    assert not f.lost  # a part of the tag is only text

@@ -11,6 +11,7 @@ import torch
 from pellucid import LLM, SamplingParams
 from pellucid.engine.grammar import GrammarCompiler, unpack_bitmask
 from pellucid.engine.sampler import SamplerState, sample
+from pellucid.engine.sequence import Sequence
 from pellucid.structured import (
     ToolCallStream,
     parse_tool_calls,
@@ -177,6 +178,57 @@ def test_close_margin_ends_a_looping_call_valid(smollm2: LLM) -> None:
         ).close_margin
         == 0
     )  # free text must not be cut
+
+
+def _call_reply(smollm2: LLM, wants: str | None = None, text: str = "") -> Sequence:
+    """A reply under the required tool-call grammar, as the engine runs it (its Sequence): the
+    tokens of `text` appended as they are, then, where the model always most `wants` one piece,
+    sampled until it ends (at most 300 tokens)."""
+    tok = smollm2.tokenizer
+    chat = prepare_chat(tok, [{"role": "user", "content": "Weather?"}], tools=[WEATHER])
+    fields = prepare_chat(
+        tok, [{"role": "user", "content": "Weather?"}], tools=[WEATHER], tool_choice="required"
+    ).sampling_fields()
+    params = SamplingParams(temperature=0, max_tokens=300, **fields)
+    vocab = smollm2.model.cfg.vocab_size
+    seq = Sequence(smollm2.encode_chat(chat.prompt), params, tok, vocab, 8192)
+    seq.sampler_state.matcher = smollm2.engine.grammars.matcher(params.grammar)
+    seq.sampler_state.grammars = smollm2.engine.grammars
+    for t in tok.encode(text, parse_special=True):
+        seq.append(t)
+    if wants is not None:
+        (wanted,) = tok.encode(wants)
+        logits = torch.zeros(1, vocab)
+        logits[0, wanted] = 10.0
+        while not seq.is_finished:
+            seq.append(int(sample(logits, [seq.sampler_state]).token_ids[0]))
+    return seq
+
+
+def test_a_string_does_not_open_with_a_bracket(smollm2: LLM) -> None:
+    # Small models write `"city": "}}` meaning an empty city and the end of the call, then
+    # ramble inside the string. Wanting `"}` (one token) everywhere, the model gets "" instead.
+    seq = _call_reply(smollm2, wants='"}')
+    calls = parse_tool_calls(seq.text).tool_calls
+    assert calls and calls[0].args["city"] == "" and seq.finish_reason == "stop"
+    # A string just opened, with `}}` wanted first: the string closes, empty.
+    seq = _call_reply(
+        smollm2, wants="}}", text='<tool_call>\n{"name": "get_weather", "arguments": {"city": "'
+    )
+    assert parse_tool_calls(seq.text).tool_calls[0].args["city"] == ""
+
+
+def test_a_reply_that_lost_its_way_closes_at_once(smollm2: LLM) -> None:
+    start = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo'
+    # The closing tag written inside the string: the model thinks the call is over.
+    lost = _call_reply(smollm2, text=start + "}}</tool_call>")
+    assert lost.sampler_state.close_now
+    assert not _call_reply(smollm2, text=start).sampler_state.close_now
+    # A stretch repeated: with " Oslo" wanted for ever, the margin closes the call long before
+    # max_tokens, and since it took the model's choice away the call is dropped ("length").
+    seq = _call_reply(smollm2, wants=" Oslo", text=start)
+    assert seq.sampler_state.close_now and seq.sampler_state.forced_shut
+    assert len(seq.output_ids) < 100 and seq.finish_reason == "length" and seq.text == ""
 
 
 def test_parse_tool_calls() -> None:

@@ -11,6 +11,10 @@ the reply ends before a block that
 
 so neither reaches the text, the stream or the client. A block still open when the reply ends
 (cut off at max_tokens) is left out too.
+
+Reading the JSON of the open block, the filter also tells the sampler where it stands
+(`json_at`: a string just opened, inside one, outside) and whether the model has lost track
+(`lost`: the closing tag came inside a string), for sampler.constrain's repairs.
 """
 
 from __future__ import annotations
@@ -57,6 +61,24 @@ class BlockFilter:
             self.seen.add(block)
             out.append(block)
 
+    @property
+    def json_at(self) -> str | None:
+        """Where the open block's JSON stands after the text seen: "string start" (a string's
+        opening quote came last), "string", "outside" a string, or None with no block open.
+        (SamplerState.json_at; sampler.constrain reads it.)"""
+        block = self._block
+        if block is None:
+            return None
+        if not block.in_string:
+            return "outside"
+        return "string start" if block.opened_at == len(self.held) - 1 else "string"
+
+    @property
+    def lost(self) -> bool:
+        """The open block's closing tag came inside one of its JSON strings: the model meant
+        to end the call there and has lost track of its quotes (what follows rambles on)."""
+        return self._block is not None and self._block.tag_in_string
+
     def flush(self) -> str:
         """At the end of generation: text that only looked like a tag's start goes out; a block
         that never closed (the reply ran out of tokens inside it) does not."""
@@ -73,12 +95,19 @@ class _BlockEnd:
         self.close = close
         self.pos = start  # next character to look at
         self.in_string = self.escaped = False
+        self.opened_at = -1  # where the string being read began (its quote)
+        self.tag_in_string = False  # the closing tag came inside a string: the model lost track
 
     def find(self, text: str) -> int:
         """The index just past the closing tag, or -1 while the block is still open."""
         while self.pos < len(text):
             c = text[self.pos]
             if self.in_string:
+                if c == self.close[0] and not self.escaped:
+                    if text.startswith(self.close, self.pos):
+                        self.tag_in_string = True
+                    elif self.close.startswith(text[self.pos :]):
+                        return -1  # the tag may be arriving: look here again with more text
                 if self.escaped:
                     self.escaped = False
                 elif c == "\\":
@@ -86,7 +115,7 @@ class _BlockEnd:
                 elif c == '"':
                     self.in_string = False
             elif c == '"':
-                self.in_string = True
+                self.in_string, self.opened_at = True, self.pos
             elif c == self.close[0]:
                 if text.startswith(self.close, self.pos):
                     return self.pos + len(self.close)

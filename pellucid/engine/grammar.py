@@ -29,6 +29,7 @@ class GrammarCompiler:
         self._ll: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._closing: tuple[Tensor, Tensor] | None = None
+        self._brackets: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -74,6 +75,23 @@ class GrammarCompiler:
             quote_first[sorted(tok.eos_ids)] = True
             self._closing = quote_first, closing | quote_first
         return self._closing
+
+    def bracket_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Four (vocab_size,) bool masks, of tokens whose text begins with one of `}]);,`;
+        with a quote then one of those, after any spaces; with a quote; with an empty string
+        `""` after any spaces (sampler.constrain's _no_string_opens_with_a_bracket)."""
+        if self._brackets is None or self._brackets[0].shape[0] != vocab_size:
+            tok, junk = self.tokenizer, [bytes([c]) for c in b"}]);,"]
+            masks = torch.zeros(4, vocab_size, dtype=torch.bool)
+            for i in range(min(vocab_size, tok.vocab_size)):
+                piece = b"" if tok.is_special(i) else tok.id_to_bytes(i)
+                rest = piece.lstrip()
+                masks[0, i] = piece[:1] in junk
+                masks[1, i] = rest[:1] == b'"' and rest[1:2] in junk
+                masks[2, i] = piece[:1] == b'"'
+                masks[3, i] = rest.startswith(b'""')
+            self._brackets = masks[0], masks[1], masks[2], masks[3]
+        return self._brackets
 
 
 def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:

@@ -32,11 +32,13 @@ class SamplerState:
     """
 
     __slots__ = (
+        "close_now",
         "counts",
         "forced",
         "forced_shut",
         "generator",
         "grammars",
+        "json_at",
         "last_mask",
         "matcher",
         "params",
@@ -72,6 +74,12 @@ class SamplerState:
         # call): what it closes is cut short, so the reply ends with finish_reason "length".
         self.forced_shut = False
         self.last_mask: Tensor | None = None  # (V,) bool, the grammar's mask at the last step
+        # Set by the sequence once the reply has lost its way: its text loops (loops.py), or a
+        # call's closing tag came inside one of its strings (block_filter.py). Close what is
+        # open now, as at the close margin.
+        self.close_now = False
+        # Set by the sequence: where a tool call's JSON stands (BlockFilter.json_at), or None
+        self.json_at: str | None = None
 
     def update(self, token_id: int) -> None:
         """Record a token the sequence has just generated."""
@@ -148,8 +156,9 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
 
     logits (B, V). A matcher in an error state allows nothing; it is then given only its stop
     tokens (EOS), so the row ends instead of sampling from an empty distribution. In the last
-    `grammar_close_margin` tokens of a row's budget only closing tokens stay, where the grammar
-    allows any: a model looping inside a JSON string or array is made to finish it.
+    `grammar_close_margin` tokens of a row's budget, and once the reply has lost its way
+    (`SamplerState.close_now`), only closing tokens stay, where the grammar allows any: a model looping inside a JSON string or
+    array is made to finish it.
     """
     rows = [i for i, s in enumerate(states) if s.matcher is not None]
     if not rows:
@@ -161,6 +170,8 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     for row, i in enumerate(rows):
         if not allowed[row].any():
             allowed[row, eos] = True
+        if states[i].json_at in ("string start", "outside"):
+            _no_string_opens_with_a_bracket(logits[i], allowed[row], states[i].json_at, grammars)
         if _closing_time(states[i]):
             wanted = int(logits[i].masked_fill(~allowed[row], NEG_INF).argmax())
             for tier in grammars.closing_tokens(logits.shape[-1]):
@@ -176,9 +187,30 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     return logits.masked_fill(~mask, NEG_INF)
 
 
+def _no_string_opens_with_a_bracket(
+    logits: Tensor, allowed: Tensor, at: str, grammars: "GrammarCompiler"
+) -> None:
+    """In a tool call, a JSON string does not begin with `}`, `]`, `)`, `;` or `,`. Small
+    models write `"arg": "}}` meaning an empty argument and the end of the call (their quotes
+    miscounted), then ramble inside the string they opened. So where the model's choice opens
+    a string with one of those (`"}}`, ` ");`), only an empty string (`""`...) may come; where
+    a string has just opened and its choice begins with one, only a quote, which closes it
+    empty. `allowed` ((V,) bool) changes in place, never to nothing."""
+    junk_first, quote_junk, quote_first, empty_string = grammars.bracket_tokens(allowed.shape[-1])
+    wanted = int(logits.masked_fill(~allowed, NEG_INF).argmax())
+    if at == "outside" and quote_junk[wanted]:
+        keep = empty_string if (allowed & empty_string).any() else ~quote_junk
+    elif at == "string start" and junk_first[wanted]:
+        keep = quote_first
+    else:
+        return
+    if (allowed & keep).any():
+        allowed &= keep
+
+
 def _closing_time(state: SamplerState) -> bool:
     margin = state.params.grammar_close_margin
-    return margin > 0 and state.params.max_tokens - len(state.forced) <= margin
+    return margin > 0 and (state.close_now or state.params.max_tokens - len(state.forced) <= margin)
 
 
 def apply_penalties(

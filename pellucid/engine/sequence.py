@@ -9,6 +9,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from pellucid.engine.block_filter import BlockFilter
+from pellucid.engine.loops import KEEP, is_looping
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
 from pellucid.engine.sampling_params import SamplingParams
@@ -61,6 +62,8 @@ class Sequence:
         self._stops = StopStringFilter(params.stop)
         self._blocks = BlockFilter(params.distinct_blocks)
         self.text = ""
+        # The latest text, watched for a loop where the grammar may close early (loops.py)
+        self._recent: str | None = "" if params.grammar_close_margin > 0 else None
 
     @property
     def num_pending(self) -> int:
@@ -78,7 +81,9 @@ class Sequence:
         self.sampler_state.update(token_id)
         if token_id in self.stop_ids:
             return self.finish(self._stop_reason())  # the stop token itself is not shown
-        delta = self._release(self._stops.feed(self._detok.step(token_id)))
+        piece = self._detok.step(token_id)
+        self._watch_for_loops(piece)
+        delta = self._release(self._stops.feed(piece))
         if self._stops.stopped or self._blocks.ended:
             return delta + self.finish(self._blocks.ended or "stop")
         full = len(self.token_ids) >= self.max_len
@@ -86,9 +91,17 @@ class Sequence:
             return delta + self.finish("length")
         return delta
 
+    def _watch_for_loops(self, piece: str) -> None:
+        if self._recent is None or self.sampler_state.close_now or not piece:
+            return
+        self._recent = (self._recent + piece)[-KEEP:]
+        self.sampler_state.close_now = is_looping(self._recent)
+
     def _release(self, text: str) -> str:
         """Text past the stop strings goes through the block filter, then into the reply."""
         released = self._blocks.feed(text, forced=self.sampler_state.forced_shut)
+        self.sampler_state.json_at = self._blocks.json_at
+        self.sampler_state.close_now |= self._blocks.lost
         self.text += released
         return released
 
