@@ -205,7 +205,7 @@ def _call_reply(smollm2: LLM, wants: str | None = None, text: str = "") -> Seque
     return seq
 
 
-def test_a_string_does_not_open_with_a_bracket(smollm2: LLM) -> None:
+def test_a_string_does_not_open_with_a_closer(smollm2: LLM) -> None:
     # Small models write `"city": "}}` meaning an empty city and the end of the call, then
     # ramble inside the string. Wanting `"}` (one token) everywhere, the model gets "" instead.
     seq = _call_reply(smollm2, wants='"}')

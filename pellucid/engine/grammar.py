@@ -29,7 +29,7 @@ class GrammarCompiler:
         self._ll: llguidance.LLTokenizer | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._closing: tuple[Tensor, Tensor] | None = None
-        self._brackets: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._closers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -76,11 +76,11 @@ class GrammarCompiler:
             self._closing = quote_first, closing | quote_first
         return self._closing
 
-    def bracket_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def closer_tokens(self, vocab_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Four (vocab_size,) bool masks, of tokens whose text begins with one of `}]);,`;
         with a quote then one of those, after any spaces; with a quote; with an empty string
-        `""` after any spaces (sampler.constrain's _no_string_opens_with_a_bracket)."""
-        if self._brackets is None or self._brackets[0].shape[0] != vocab_size:
+        `""` after any spaces (sampler.constrain's _no_string_opens_with_a_closer)."""
+        if self._closers is None or self._closers[0].shape[0] != vocab_size:
             tok, junk = self.tokenizer, [bytes([c]) for c in b"}]);,"]
             masks = torch.zeros(4, vocab_size, dtype=torch.bool)
             for i in range(min(vocab_size, tok.vocab_size)):
@@ -90,8 +90,8 @@ class GrammarCompiler:
                 masks[1, i] = rest[:1] == b'"' and rest[1:2] in junk
                 masks[2, i] = piece[:1] == b'"'
                 masks[3, i] = rest.startswith(b'""')
-            self._brackets = masks[0], masks[1], masks[2], masks[3]
-        return self._brackets
+            self._closers = masks[0], masks[1], masks[2], masks[3]
+        return self._closers
 
 
 def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:

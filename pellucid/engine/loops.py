@@ -5,9 +5,9 @@ A small model inside a JSON string or array can fall into writing one stretch ag
 sentence of prose inside a string) until the context ends: thousands of tokens, minutes of
 decoding, and a call no one can use. Where the grammar has a close margin (a reply of calls, a
 JSON response), a row whose text ends in one stretch repeated (REPEATS times, over MIN_SPAN
-characters at least) is treated as at its margin (sampler.constrain): only closing tokens stay, what
-the margin shuts counts as forced, and the block filter drops a call shut that way, so the reply
-ends with finish_reason "length" in seconds, keeping the calls complete before it.
+characters at least) is treated as at its margin (sampler.constrain): only closing tokens stay,
+what the margin shuts counts as forced, and the block filter drops a call shut that way, so the
+reply ends with finish_reason "length" in seconds, keeping the calls complete before it.
 """
 
 from __future__ import annotations

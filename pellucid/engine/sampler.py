@@ -157,8 +157,9 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     logits (B, V). A matcher in an error state allows nothing; it is then given only its stop
     tokens (EOS), so the row ends instead of sampling from an empty distribution. In the last
     `grammar_close_margin` tokens of a row's budget, and once the reply has lost its way
-    (`SamplerState.close_now`), only closing tokens stay, where the grammar allows any: a model looping inside a JSON string or
-    array is made to finish it.
+    (`SamplerState.close_now`), only closing tokens stay, where the grammar allows any: a model
+    looping inside a JSON string or array is made to finish it. In a tool call, a string never
+    opens with a closer (`_no_string_opens_with_a_closer`).
     """
     rows = [i for i, s in enumerate(states) if s.matcher is not None]
     if not rows:
@@ -171,7 +172,7 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
         if not allowed[row].any():
             allowed[row, eos] = True
         if states[i].json_at in ("string start", "outside"):
-            _no_string_opens_with_a_bracket(logits[i], allowed[row], states[i].json_at, grammars)
+            _no_string_opens_with_a_closer(logits[i], allowed[row], states[i].json_at, grammars)
         if _closing_time(states[i]):
             wanted = int(logits[i].masked_fill(~allowed[row], NEG_INF).argmax())
             for tier in grammars.closing_tokens(logits.shape[-1]):
@@ -187,7 +188,7 @@ def constrain(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     return logits.masked_fill(~mask, NEG_INF)
 
 
-def _no_string_opens_with_a_bracket(
+def _no_string_opens_with_a_closer(
     logits: Tensor, allowed: Tensor, at: str, grammars: "GrammarCompiler"
 ) -> None:
     """In a tool call, a JSON string does not begin with `}`, `]`, `)`, `;` or `,`. Small
@@ -196,7 +197,7 @@ def _no_string_opens_with_a_bracket(
     a string with one of those (`"}}`, ` ");`), only an empty string (`""`...) may come; where
     a string has just opened and its choice begins with one, only a quote, which closes it
     empty. `allowed` ((V,) bool) changes in place, never to nothing."""
-    junk_first, quote_junk, quote_first, empty_string = grammars.bracket_tokens(allowed.shape[-1])
+    junk_first, quote_junk, quote_first, empty_string = grammars.closer_tokens(allowed.shape[-1])
     wanted = int(logits.masked_fill(~allowed, NEG_INF).argmax())
     if at == "outside" and quote_junk[wanted]:
         keep = empty_string if (allowed & empty_string).any() else ~quote_junk

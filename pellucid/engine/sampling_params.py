@@ -77,9 +77,9 @@ class SamplingParams:
     # Only text this grammar accepts can be generated: llguidance's Lark dialect, where
     # `%json {...}` inlines a JSON schema (structured/ builds them for tools and response_format).
     grammar: str | None = None
-    # The last this-many tokens of max_tokens, and every token once the reply's text loops (loops.py),
-    # may only close what the grammar has open (JSON strings, arrays, objects) or stop, so a
-    # looping model's JSON still ends valid, and soon; 0 = off.
+    # The last this-many tokens of max_tokens, and every token once the reply has lost its way
+    # (SamplerState.close_now), may only close what the grammar has open (JSON strings, arrays,
+    # objects) or stop, so a looping model's JSON still ends valid, and soon; 0 = off.
     grammar_close_margin: int = 0
     # (open, close) tags of blocks such as tool calls: each is held back until it closes, and one
     # that repeats an earlier block, or that the close margin forced shut, ends the reply before
