@@ -126,7 +126,7 @@ class LLM:
     ) -> Iterator[RequestOutput]:
         """Yield one RequestOutput per generated token; `.delta` is the new text (and, when asked
         for, `.logprobs` the new token's)."""
-        yield from self._stream_ids(self.encode(prompt), params or SamplingParams())
+        yield from self._outputs([(self.encode(prompt), params or SamplingParams())])
 
     def chat(
         self, messages: list[dict], params: SamplingParams | None = None, **tool_options: Any
@@ -161,13 +161,10 @@ class LLM:
         if params is None:  # the server's defaults: the model's, then those for a reply of calls
             params = SamplingParams(**self.sampling_defaults | chat.sampling_defaults)
         params = dataclasses.replace(params, **chat.sampling_fields())
-        for out in self._stream_ids(self.encode_chat(chat.prompt), params):
+        for out in self._outputs([(self.encode_chat(chat.prompt), params)]):
             if out.finished and chat.parse_calls:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls
             yield out
-
-    def _stream_ids(self, ids: list[int], params: SamplingParams) -> Iterator[RequestOutput]:
-        yield from self._outputs([(ids, params)])
 
     def _outputs(self, requests: list[tuple[list[int], SamplingParams]]) -> Iterator[RequestOutput]:
         """Run `requests` to the end, yielding their outputs as they come. Each step is taken

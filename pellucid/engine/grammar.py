@@ -9,6 +9,8 @@ A grammar is llguidance's Lark dialect (`%json {...}` inlines a JSON schema); se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import llguidance
 import llguidance.numpy  # not llguidance.torch: importing that loads torch.compile (seconds, MBs)
 import torch
@@ -30,6 +32,7 @@ class GrammarCompiler:
         self._executor: llguidance.LLExecutor | None = None
         self._closing: tuple[Tensor, Tensor] | None = None
         self._closers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._token_pieces: list[bytes] | None = None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -65,14 +68,10 @@ class GrammarCompiler:
         begin with a quote, then all tokens of only those three. Quotes first: inside a string
         `}}` is just more text, so a model left the choice would loop on it."""
         if self._closing is None or self._closing[0].shape[0] != vocab_size:
-            tok = self.tokenizer
-            quote_first = torch.zeros(vocab_size, dtype=torch.bool)
-            closing = torch.zeros(vocab_size, dtype=torch.bool)
-            for i in range(min(vocab_size, tok.vocab_size)):
-                piece = b"" if tok.is_special(i) else tok.id_to_bytes(i)
-                closing[i] = bool(piece) and not piece.strip(CLOSERS)
-                quote_first[i] = closing[i] and piece.startswith(b'"')
-            quote_first[sorted(tok.eos_ids)] = True
+            pieces = self._pieces(vocab_size)
+            closing = _mask(bool(p) and not p.strip(CLOSERS) for p in pieces)
+            quote_first = closing & _mask(p.startswith(b'"') for p in pieces)
+            quote_first[sorted(self.tokenizer.eos_ids)] = True
             self._closing = quote_first, closing | quote_first
         return self._closing
 
@@ -81,17 +80,30 @@ class GrammarCompiler:
         with a quote then one of those, after any spaces; with a quote; with an empty string
         `""` after any spaces (sampler.constrain's _no_string_opens_with_a_closer)."""
         if self._closers is None or self._closers[0].shape[0] != vocab_size:
-            tok, junk = self.tokenizer, [bytes([c]) for c in b"}]);,"]
-            masks = torch.zeros(4, vocab_size, dtype=torch.bool)
-            for i in range(min(vocab_size, tok.vocab_size)):
-                piece = b"" if tok.is_special(i) else tok.id_to_bytes(i)
-                rest = piece.lstrip()
-                masks[0, i] = piece[:1] in junk
-                masks[1, i] = rest[:1] == b'"' and rest[1:2] in junk
-                masks[2, i] = piece[:1] == b'"'
-                masks[3, i] = rest.startswith(b'""')
-            self._closers = masks[0], masks[1], masks[2], masks[3]
+            pieces, junk = self._pieces(vocab_size), [bytes([c]) for c in b"}]);,"]
+            stripped = [p.lstrip() for p in pieces]
+            self._closers = (
+                _mask(p[:1] in junk for p in pieces),
+                _mask(r[:1] == b'"' and r[1:2] in junk for r in stripped),
+                _mask(p[:1] == b'"' for p in pieces),
+                _mask(r.startswith(b'""') for r in stripped),
+            )
         return self._closers
+
+    def _pieces(self, vocab_size: int) -> list[bytes]:
+        """Each token id's text as bytes, b"" for control tokens and for ids past the
+        tokenizer's (a model whose output layer is wider): what the masks above read."""
+        if self._token_pieces is None:
+            tok = self.tokenizer
+            self._token_pieces = [
+                b"" if tok.is_special(i) else tok.id_to_bytes(i) for i in range(tok.vocab_size)
+            ]
+        pieces = self._token_pieces[:vocab_size]
+        return pieces + [b""] * (vocab_size - len(pieces))
+
+
+def _mask(values: Iterable[bool]) -> Tensor:
+    return torch.tensor(list(values), dtype=torch.bool)
 
 
 def unpack_bitmask(bitmask: Tensor, vocab_size: int) -> Tensor:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
+from pellucid.engine.sequence import Sequence
 from pellucid.engine.trace_records import Trace
 from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
@@ -63,13 +64,20 @@ def explain(
     return ex
 
 
+def _run(llm: LLM, ids: list[int], params: SamplingParams) -> Sequence:
+    """One request run to its end by itself, its Sequence kept (what it recorded, what it
+    generated); a server on this model waits its turn."""
+    with llm.engine.lock:
+        seq = llm.engine.add_request(ids, params)
+        while not seq.is_finished:
+            llm.engine.step()
+    return seq
+
+
 def traced_run(llm: LLM, ids: list[int], params: SamplingParams) -> Trace:
     layers = list(range(llm.model.cfg.n_layers))
     options = TraceOptions(attention_layers=layers, logit_lens=True)
-    with llm.engine.lock:  # a server on this model waits its turn
-        seq = llm.engine.add_request(ids, _with(params, trace=options))
-        while not seq.is_finished:
-            llm.engine.step()
+    seq = _run(llm, ids, _with(params, trace=options))
     trace = seq.trace.trace
     trace.model.name = llm.path.name
     return trace
@@ -107,11 +115,8 @@ def pick_head(trace: Trace, focus: int) -> tuple[int, int]:
 def no_cache_comparison(llm: LLM, ids: list[int], params: SamplingParams) -> NoCacheComparison:
     """Time the engine (KV cache) against a loop that recomputes every token at every step."""
     params = _with(params, trace=False)
-    with llm.engine.lock:
-        seq = llm.engine.add_request(ids, params)
-        start = time.perf_counter()
-        while not seq.is_finished:
-            llm.engine.step()
+    start = time.perf_counter()
+    seq = _run(llm, ids, params)
     cached_s = time.perf_counter() - start
     n = len(seq.output_ids)
     state = SamplerState(params, ids, llm.model.cfg.vocab_size)  # same seed: same draws
