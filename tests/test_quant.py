@@ -23,6 +23,7 @@ with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Z
     import this
 # A held-out text for perplexity: the Zen of Python (stored rot13 in `this`) and the json
 # module's documentation.
+NO_FBGEMM = "fbgemm does not run here (no AVX-512 VNNI, or no x86 quantized engine)"
 HELD_TEXT = codecs.decode(this.s, "rot13") + "\n\n" + json.__doc__
 
 
@@ -94,9 +95,11 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
         512,
     ]
     bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 7 buckets
-    monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
-    unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
-    assert bounded < 60 and unbounded > 4 * bounded, (bounded, unbounded)  # MiB
+    assert bounded < 60, bounded  # MiB
+    if quant.DENSE_DTYPE == torch.bfloat16:  # float32 copies (AVX2): no oneDNN kernel per count
+        monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
+        unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
+        assert unbounded > 4 * bounded, (bounded, unbounded)
 
 
 def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):
@@ -158,9 +161,10 @@ def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
     nll32, top32 = _nll_and_top1(gemma3, ids)
     nll4, _ = _nll_and_top1(fast, ids)
     assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
-    nll_rows, top_rows = _nll_and_top1_with_fbgemm_head(fast, ids)
-    assert abs(nll_rows - nll32) / nll32 < 0.01, (nll32, nll_rows)
-    assert (top_rows == top32).float().mean() > 0.85
+    if fast.model.lm_head.fbgemm:  # where it runs (models/fbgemm.py): the one-row head too
+        nll_rows, top_rows = _nll_and_top1_with_fbgemm_head(fast, ids)
+        assert abs(nll_rows - nll32) / nll32 < 0.01, (nll32, nll_rows)
+        assert (top_rows == top32).float().mean() > 0.85
 
 
 def _nll_and_top1_with_fbgemm_head(llm: LLM, ids: list[int]) -> tuple[float, torch.Tensor]:
@@ -168,7 +172,7 @@ def _nll_and_top1_with_fbgemm_head(llm: LLM, ids: list[int]) -> tuple[float, tor
     head = llm.model.lm_head
     head.use_fbgemm()
     if not head.fbgemm:
-        pytest.skip("this torch build has no fbgemm (x86 quantized engine)")
+        pytest.skip(NO_FBGEMM)
     with torch.no_grad():
         hidden = llm.model.hidden_states(torch.tensor([ids]), torch.arange(len(ids)))[0]
         logits = torch.cat([head(row[None]) for row in hidden])
@@ -184,7 +188,7 @@ def test_one_row_through_fbgemm_is_the_int8_product_with_8_bit_activations():
     several = layer(x)  # more than one row: the bf16 kernel, as before
     layer.use_fbgemm()
     if not layer.fbgemm:
-        pytest.skip("this torch build has no fbgemm (x86 quantized engine)")
+        pytest.skip(NO_FBGEMM)
     want = x.float() @ layer.dequantize().float().T
     rows = torch.cat([layer(row[None]) for row in x])
     assert rows.dtype == torch.float32

@@ -150,7 +150,7 @@ class CompiledDecode:
     def run_compiled(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         assert self.compiled is not None
         if ids.shape[1] > DENSE_ROWS and not self.dense_made:
-            make_dense(self.model)  # so many rows multiply by bf16 copies of packed weights
+            make_dense(self.model)  # so many rows multiply by dense copies of packed weights
             self.dense_made = True
         mark_varying(ids, positions, ctx)
         return self.compiled(ids, positions, ctx)

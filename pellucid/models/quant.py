@@ -10,8 +10,14 @@ that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bi
 int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
-to a bf16 GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies
-by a bf16 copy of its matrix, made the first time one is needed.
+to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies by a
+dense copy of its matrix, made the first time one is needed — bf16 where the CPU multiplies bf16
+natively (AVX-512 BF16, AMX), float32 elsewhere (on AVX2, oneDNN's bf16 GEMM runs at a tenth of
+its float32 speed).
+
+torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
+blocks of 64 output channels with AVX-512, of 32 with AVX2 (`CHANNEL_BLOCK`); without either,
+matrices stay int8.
 
 The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
 (models/layers.py): one kernel call instead of three or two per layer.
@@ -23,20 +29,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pellucid.cpu import cpu_flags
 from pellucid.models import fbgemm
 from pellucid.models.llama import LlamaModel
 
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
-CHANNEL_BLOCK = 64  # output channels interleaved per packed block (see dequantize)
-DENSE_ROWS = 8  # above this many rows, the bf16 GEMM beats the int4 kernel (measured)
+# output channels interleaved per packed block (see dequantize), by ATen's CPU capability (which
+# ATEN_CPU_CAPABILITY can lower); None: no vectorized int4 kernel, so no int4
+CHANNEL_BLOCK = {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capability())
+DENSE_DTYPE = torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else torch.float32
+INDUCTOR_INT8_LOOP = "avx512f" in cpu_flags()  # see Int8Linear.packed_mm
+DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (measured)
 ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
-FORMAT = "packed-v2"  # the packed model's name in the weight cache: bump when the layout changes
+# the packed model's name in the weight cache: bump when the layout changes (it differs by CPU)
+FORMAT = f"packed-v2-n{CHANNEL_BLOCK or 0}"
 
 
 def int4_packable(out_features: int, in_features: int) -> bool:
-    return in_features % GROUP == 0 and out_features % CHANNEL_BLOCK == 0
+    return (
+        CHANNEL_BLOCK is not None and in_features % GROUP == 0 and out_features % CHANNEL_BLOCK == 0
+    )
 
 
 class PackedLinear(nn.Module):
@@ -47,7 +61,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", None)  # (out,) bf16, for layouts with biased projections
-        self.dense: Tensor | None = None  # the bf16 matrix, made on the first many-row call
+        self.dense: Tensor | None = None  # the dense matrix, made on the first many-row call
 
     @classmethod
     def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> PackedLinear:
@@ -65,7 +79,7 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > DENSE_ROWS:
             if self.dense is None:
-                self.dense = self.dequantize()
+                self.dense = self.dequantize().to(DENSE_DTYPE)
             y = dense_mm(rows, self.dense, self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
@@ -83,7 +97,8 @@ class PackedLinear(nn.Module):
 
 
 def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    """rows (n, in) @ w.T for many bf16 rows, n padded up to a bucket (see `bucket`).
+    """rows (n, in) @ w.T for many bf16 rows, n padded up to a bucket (see `bucket`), in w's
+    dtype (DENSE_DTYPE), returned in the rows'.
 
     Why: oneDNN builds a kernel for every distinct row count it meets and keeps it (~0.7 MB
     each, up to 1,024 of them). A server meets a new row count with almost every prompt length,
@@ -94,8 +109,9 @@ def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
     # No branch on the padding being 0: compiled with n dynamic, a branch would be a guard,
     # and a second graph for row counts that fill their bucket. (`bucket`'s own branches guard
     # on n <= 128: compiled decode steps have at most max_num_seqs rows, 64 by default.)
-    rows = F.pad(rows, (0, 0, 0, bucket(n) - n))
-    return F.linear(rows, w, bias)[:n]
+    padded = F.pad(rows, (0, 0, 0, bucket(n) - n)).to(w.dtype)
+    y = F.linear(padded, w, None if bias is None else bias.to(w.dtype))
+    return y[:n].to(rows.dtype)
 
 
 def bucket(n: int) -> int:
@@ -178,10 +194,10 @@ class Int8Linear(PackedLinear):
         if rows.shape[0] == 1 and self.fbgemm:
             # float32: the head's logits are not rounded to bf16 on the way out
             return fbgemm.fbgemm_linear(rows, self.weight)
-        if rows.shape[0] == 1 and torch.compiler.is_compiling():
+        if rows.shape[0] == 1 and INDUCTOR_INT8_LOOP and torch.compiler.is_compiling():
             # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
-            # run): inductor's own loop over the int8 matrix beats the kernel there (measured:
-            # benchmarks/results/comments.md).
+            # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel
+            # (measured: benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
             y = (self.weight * rows.float()).sum(-1) * self.scales.float()  # (1, out)
             return y.to(rows.dtype)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
@@ -227,11 +243,11 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
 
 
 def make_dense(model: LlamaModel) -> None:
-    """Give every packed layer of the decoder its bf16 matrix now (pre-fill of more than
+    """Give every packed layer of the decoder its dense matrix now (pre-fill of more than
     DENSE_ROWS tokens does the same) — for a compiled graph, which must not find it missing."""
     for module in model.layers.modules():
         if isinstance(module, PackedLinear) and module.dense is None:
-            module.dense = module.dequantize()
+            module.dense = module.dequantize().to(DENSE_DTYPE)
 
 
 def use_fbgemm_head(model: LlamaModel) -> None:
@@ -244,6 +260,8 @@ def use_fbgemm_head(model: LlamaModel) -> None:
 
 def share_embedding(model: LlamaModel) -> None:
     """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
-    (Call again after load_state_dict(assign=True) replaces the table.)"""
-    if model.cfg.tie_embeddings:  # detached: a plain tensor attribute, not a second parameter
+    (Call again after load_state_dict(assign=True) replaces the table.) Where the dense copies
+    are float32, the head makes its own, as the decoder's layers do."""
+    if model.cfg.tie_embeddings and DENSE_DTYPE == torch.bfloat16:
+        # detached: a plain tensor attribute, not a second parameter
         model.lm_head.dense = model.embed_tokens.weight.detach()
