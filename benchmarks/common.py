@@ -88,13 +88,15 @@ def isa_flags() -> list[str]:
     return []
 
 
-def machine_tag(cpu: str) -> str:
-    """A short name for the CPU's family, for result file names: results are kept per machine."""
-    lowered = cpu.lower()
+def machine_tag(cpu: str, isa: list[str]) -> str:
+    """A short name for the CPU's family, for result file names: results are kept per machine.
+    A CPU without AVX-512 is marked so: "AMD EPYC" names both kinds."""
+    lowered, tag = cpu.lower(), "cpu"
     for vendor, family in (("amd", "epyc"), ("intel", "xeon")):
         if vendor in lowered or family in lowered:
-            return f"{vendor}-{family}" if family in lowered else vendor
-    return "cpu"
+            tag = f"{vendor}-{family}" if family in lowered else vendor
+            break
+    return tag if "avx512f" in isa else f"{tag}-avx2"
 
 
 def commit() -> str:
@@ -118,7 +120,7 @@ def save(name: str, result: dict[str, object]) -> Path:
         **result,
     }
     RESULTS.mkdir(exist_ok=True)
-    tag = machine_tag(str(result["machine"]["cpu"]))
+    tag = machine_tag(str(result["machine"]["cpu"]), list(result["machine"]["isa"]))
     path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}-{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))  # the last line is one JSON object
