@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pellucid.cpu import cpu_flags
+from pellucid.cpu import cpu_flags, native_bf16
 from pellucid.models import fbgemm
 from pellucid.models.llama import LlamaModel
 
@@ -38,7 +38,7 @@ INNER_K_TILES = 8  # the CPU packing's tile parameter
 # output channels interleaved per packed block (see dequantize), by ATen's CPU capability (which
 # ATEN_CPU_CAPABILITY can lower); None: no vectorized int4 kernel, so no int4
 CHANNEL_BLOCK = {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capability())
-DENSE_DTYPE = torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else torch.float32
+DENSE_DTYPE = torch.bfloat16 if native_bf16() else torch.float32
 INDUCTOR_INT8_LOOP = "avx512f" in cpu_flags()  # see Int8Linear.packed_mm
 DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (measured)
 ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm

@@ -15,6 +15,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_args
 
+from pellucid.cpu import matmul_float
+
 
 def add_training_commands(commands: Any) -> None:
     """Add `data`, `tokenizer`, `train`, `scale`, `sft` and `export` to the `pellucid` sub-command parser."""
@@ -60,7 +62,7 @@ def add_training_commands(commands: Any) -> None:
         default=None,
         help="token budgets in iterations (default 250 500 1000)",
     )
-    scale.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    scale.add_argument("--dtype", default=matmul_float(), choices=["bfloat16", "float32"])
     scale.add_argument("--threads", type=int)
     scale.set_defaults(run=run_scale)
 
@@ -74,7 +76,7 @@ def add_training_commands(commands: Any) -> None:
     sft.add_argument("--batch-size", type=int, default=4)
     sft.add_argument("--lr", type=float, help="default 1e-3 with LoRA, 3e-5 full")
     sft.add_argument("--max-len", type=int, default=512)
-    sft.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    sft.add_argument("--dtype", default=matmul_float(), choices=["bfloat16", "float32"])
     sft.set_defaults(run=run_sft)
 
     export = commands.add_parser("export", help="training run -> HF model folder or .gguf file")

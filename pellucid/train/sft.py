@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pellucid import catalog
+from pellucid.cpu import matmul_float
 from pellucid.loading.loader import read_checkpoint
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
@@ -44,7 +45,7 @@ class SFTConfig:
     batch_size: int = 4  # conversations per step
     lr: float | None = None  # None: 1e-3 for LoRA, 3e-5 for full fine-tuning
     max_len: int = 512
-    dtype: str = "bfloat16"
+    dtype: str = matmul_float()  # bf16 autocast where the CPU has it natively
     seed: int = 0
 
     def __post_init__(self) -> None:
