@@ -161,7 +161,8 @@ def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
     nll32, top32 = _nll_and_top1(gemma3, ids)
     nll4, _ = _nll_and_top1(fast, ids)
     assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
-    if fast.model.lm_head.fbgemm:  # where it runs (models/fbgemm.py): the one-row head too
+    fast.model.lm_head.use_fbgemm()
+    if fast.model.lm_head.fbgemm:  # where fbgemm runs (models/fbgemm.py): the one-row head too
         nll_rows, top_rows = _nll_and_top1_with_fbgemm_head(fast, ids)
         assert abs(nll_rows - nll32) / nll32 < 0.01, (nll32, nll_rows)
         assert (top_rows == top32).float().mean() > 0.85
