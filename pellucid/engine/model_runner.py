@@ -24,6 +24,7 @@ from pellucid.engine.scheduler import Batch
 from pellucid.engine.trace_hooks import after_forward, before_forward, traced_items
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
+from pellucid.models.quant import DENSE_ROWS, make_dense
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class ModelRunner:
     ):
         self.model = model
         self.pool = pool
+        self.dense_kept = False  # see logits
         # made here, outside inference mode, as the real pool is: graphs guard on that
         self.scratch = _scratch(pool) if in_background and compile else None
         example = self.example_step if in_background else None
@@ -89,6 +91,11 @@ class ModelRunner:
         whole_graph: bool,
     ) -> Tensor | None:
         """Logits (B, vocab) of the rows that sample; None when none does (pre-fill chunks)."""
+        if not ctx.prefills and len(ids) > DENSE_ROWS and not self.dense_kept:
+            # a batch decoding many rows repeats such steps: it keeps the packed layers' dense
+            # copies rather than unpack every matrix every step (models/quant.py)
+            make_dense(self.model)
+            self.dense_kept = True
         if self.compiled_decode is not None and not ctx.prefills and whole_graph:
             # every row decodes one token: the whole step, LM head included, is one graph
             logits = self.compiled_decode(ids[None], positions, ctx)  # (N, vocab)

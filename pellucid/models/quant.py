@@ -10,10 +10,12 @@ that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bi
 int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
-to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies by a
-dense copy of its matrix, made the first time one is needed — bf16 where the CPU multiplies bf16
-natively (AVX-512 BF16, AMX), float32 elsewhere (on AVX2, oneDNN's bf16 GEMM runs at a tenth of
-its float32 speed).
+to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies by its
+matrix unpacked to dense form — bf16 where the CPU multiplies bf16 natively (AVX-512 BF16, AMX),
+float32 elsewhere (on AVX2, oneDNN's bf16 GEMM runs at a tenth of its float32 speed). A pre-fill
+unpacks each matrix just before its product and drops it after (models/unpack.py), so memory holds
+one copy of the model; a batch of many decoding rows, which repeats its steps, keeps the dense
+copies (make_dense).
 
 torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
 blocks of 64 output channels with AVX-512, of 32 with AVX2 (`CHANNEL_BLOCK`); without either,
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pellucid.cpu import cpu_flags, native_bf16
-from pellucid.models import fbgemm
+from pellucid.models import fbgemm, unpack
 from pellucid.models.llama import LlamaModel
 
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
@@ -78,12 +80,19 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > DENSE_ROWS:
-            if self.dense is None:
-                self.dense = self.dequantize().to(DENSE_DTYPE)
-            y = dense_mm(rows, self.dense, self.bias)
+            y = dense_mm(rows, self.dense_matrix(), self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def dense_matrix(self) -> Tensor:
+        """The (out, in) matrix in DENSE_DTYPE for a product of many rows: the copy kept by
+        make_dense where there is one, else unpacked now for this product alone. Without the
+        unpacking kernel, torch ops would unpack at several times the product's cost: the
+        copy is then made once and kept."""
+        if self.dense is None and not unpack.available():
+            self.dense = self.unpacked()
+        return self.dense if self.dense is not None else self.unpacked(scratch=True)
 
     def pack(self, w: Tensor) -> None:
         """Fill the packed buffers from float32 (out, in) weights."""
@@ -93,6 +102,12 @@ class PackedLinear(nn.Module):
         raise NotImplementedError
 
     def dequantize(self) -> Tensor:
+        """The bf16 (out, in) matrix, in torch ops: the reference form."""
+        raise NotImplementedError
+
+    def unpacked(self, scratch: bool = False) -> Tensor:
+        """The (out, in) matrix in DENSE_DTYPE, by the kernel where it runs (models/unpack.py;
+        `scratch`: in a buffer the next unpacking of the same shape overwrites)."""
         raise NotImplementedError
 
 
@@ -156,9 +171,18 @@ class Int4Linear(PackedLinear):
             rows, self.packed, GROUP, self.scales_zeros
         )
 
+    def unpacked(self, scratch: bool = False) -> Tensor:
+        if not unpack.available():  # in the kernel's layout: (in, out), seen transposed
+            return self.dequantize().to(DENSE_DTYPE).t().contiguous().t()
+        shape = (self.out_features, self.in_features)
+        return unpack.int4_dense(
+            self.packed, self.scales_zeros, shape, CHANNEL_BLOCK, GROUP, DENSE_DTYPE, scratch
+        )
+
     def dequantize(self) -> Tensor:
-        """The bf16 (out, in) matrix. The CPU packing interleaves blocks of 64 output channels:
-        byte k*32 + c of a block holds channel c (low nibble) and c + 32 (high) of input k."""
+        """The bf16 (out, in) matrix. The CPU packing interleaves blocks of CHANNEL_BLOCK (64)
+        output channels: byte k*32 + c of a block holds channel c (low nibble) and c + 32
+        (high) of input k."""
         out_f, in_f = self.out_features, self.in_features
         blocks = self.packed.view(out_f // CHANNEL_BLOCK, in_f, CHANNEL_BLOCK // 2)
         q = torch.cat([blocks & 15, blocks >> 4], -1).transpose(1, 2).reshape(out_f, in_f)
@@ -205,6 +229,11 @@ class Int8Linear(PackedLinear):
     def dequantize(self) -> Tensor:
         return self.weight.to(torch.bfloat16) * self.scales[:, None]
 
+    def unpacked(self, scratch: bool = False) -> Tensor:
+        if not unpack.available():
+            return self.dequantize().to(DENSE_DTYPE)
+        return unpack.int8_dense(self.weight, self.scales, DENSE_DTYPE, scratch)
+
 
 def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
     """Int4 when 4 bits lose (almost) nothing: the weights already lie on a 4-bit grid, as a
@@ -243,11 +272,12 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
 
 
 def make_dense(model: LlamaModel) -> None:
-    """Give every packed layer of the decoder its dense matrix now (pre-fill of more than
-    DENSE_ROWS tokens does the same) — for a compiled graph, which must not find it missing."""
-    for module in model.layers.modules():
+    """Give every packed layer its dense matrix now, kept from then on: for steps of many
+    decoding rows, which repeat (a batch), so that they do not unpack every matrix every step,
+    and for a compiled graph, which must not find a copy missing."""
+    for module in model.modules():
         if isinstance(module, PackedLinear) and module.dense is None:
-            module.dense = module.dequantize().to(DENSE_DTYPE)
+            module.dense = module.unpacked()
 
 
 def use_fbgemm_head(model: LlamaModel) -> None:

@@ -1,0 +1,65 @@
+/* Packed weights -> dense matrices, for products of many rows (see unpack.py, which builds this
+   file with -O3 -march=native: the loops below are written for the compiler to vectorize).
+   The output is bf16 (stored as uint16_t, rounded to nearest even) or float32. */
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float from_bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+static inline void store(void *out, int64_t i, float value, int bf16) {
+    if (bf16)
+        ((uint16_t *)out)[i] = to_bf16(value);
+    else
+        ((float *)out)[i] = value;
+}
+
+/* torch's CPU int4 packing (aten._convert_weight_to_int4pack_for_cpu): the output channels in
+   blocks of `block`; byte k * block/2 + c of a block holds input k of its channel c (low nibble)
+   and of channel c + block/2 (high). scales_zeros (in/group, out, 2) bf16: w = (q - 8) * scale
+   + zero. Writes W.T, (in, out): each block's channels are contiguous there. */
+void int4_to_dense_t(const uint8_t *restrict packed, const uint16_t *restrict scales_zeros,
+                     void *restrict out, int64_t out_f, int64_t in_f, int64_t block,
+                     int64_t group, int bf16) {
+    const int64_t half = block / 2;
+    float scale[block], shift[block]; /* w = q * scale + shift, for the current group */
+    for (int64_t b = 0; b < out_f / block; b++) {
+        for (int64_t k = 0; k < in_f; k++) {
+            if (k % group == 0) {
+                const uint16_t *sz = scales_zeros + ((k / group) * out_f + b * block) * 2;
+                for (int64_t c = 0; c < block; c++) {
+                    scale[c] = from_bf16(sz[2 * c]);
+                    shift[c] = from_bf16(sz[2 * c + 1]) - 8 * scale[c];
+                }
+            }
+            const uint8_t *bytes = packed + (b * in_f + k) * half;
+            const int64_t row = k * out_f + b * block;
+            for (int64_t c = 0; c < half; c++) {
+                store(out, row + c, (float)(bytes[c] & 15) * scale[c] + shift[c], bf16);
+                store(out, row + half + c, (float)(bytes[c] >> 4) * scale[half + c] + shift[half + c], bf16);
+            }
+        }
+    }
+}
+
+/* int8 weights (out, in) with a bf16 scale per output channel: writes W. */
+void int8_to_dense(const int8_t *restrict weight, const uint16_t *restrict scales,
+                   void *restrict out, int64_t out_f, int64_t in_f, int bf16) {
+    for (int64_t o = 0; o < out_f; o++) {
+        const float scale = from_bf16(scales[o]);
+        for (int64_t k = 0; k < in_f; k++)
+            store(out, o * in_f + k, (float)weight[o * in_f + k] * scale, bf16);
+    }
+}
