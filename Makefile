@@ -11,10 +11,11 @@ COMPILED := $(VENV)/.compiled
 setup: $(STAMP) $(COMPILED)
 
 # The default model's decode step compiled ahead (engine/aot_decode.py; ~2 min on 2 cores), its
-# two kinds in two processes. Where it fails (no C++ compiler), decoding stays eager.
+# three kinds in three processes. Where it fails (no C++ compiler), decoding stays eager.
 COMPILE_START = $(VENV)/bin/pellucid compile --kind one-row >$(VENV)/compile.log 2>&1 & one=$$!; \
-	$(VENV)/bin/pellucid compile --kind few-rows >$(VENV)/compile-few.log 2>&1 & few=$$!
-COMPILE_WAIT = { wait $$one && wait $$few || \
+	$(VENV)/bin/pellucid compile --kind few-rows >$(VENV)/compile-few.log 2>&1 & few=$$!; \
+	$(VENV)/bin/pellucid compile --kind many-rows >$(VENV)/compile-many.log 2>&1 & many=$$!
+COMPILE_WAIT = { wait $$one && wait $$few && wait $$many || \
 	echo "pellucid compile failed ($(VENV)/compile*.log): eager decoding"; }
 
 # Idempotent: reruns only when the dependencies change. torch is pinned to the CPU build.

@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--force", action="store_true", help="build again what was built before")
     ahead.add_argument(
         "--kind",
-        choices=["one-row", "few-rows"],
-        help="build one kind of step only (default both; two processes can build one each)",
+        choices=["one-row", "few-rows", "many-rows"],  # aot_decode.KINDS
+        help="build one kind of step only (default all; processes can build one each)",
     )
     ahead.set_defaults(run=run_compile)
     add_explain_command(commands)

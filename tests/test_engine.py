@@ -221,15 +221,19 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     _, engine = run(tiny, prompts[:1], config)
     assert engine.model_runner.compiled_decode is None  # nothing built yet: eager
     paths = engine.model_runner.compile_ahead()
-    assert [p.parent for p in paths] == [tmp_path / "aot"] * 2
+    assert [p.parent for p in paths] == [tmp_path / "aot"] * 3
 
     out, engine = run(tiny, prompts[:1], config)  # a new engine: loads, does not compile
     decode = engine.model_runner.compiled_decode
-    assert set(decode.ahead) == {1, 2} and not decode.jit
+    assert set(decode.ahead) == {1, 2, 9} and not decode.jit
     assert out == expected[:1]
     assert decode.steps == N_NEW - 1  # every decode step went through the package
     batched, engine = run(tiny, prompts, config)  # several rows, then fewer, then one
     assert batched == expected and engine.model_runner.compiled_decode.steps >= N_NEW - 1
+    many = [p[: 3 + i] for i in range(3) for p in prompts]  # 12 rows: the many-row package
+    batched, engine = run(tiny, many, config)
+    assert batched == [reference_greedy(model, p) for p in many]
+    assert engine.model_runner.compiled_decode.ahead[9].loader is not None  # loaded when needed
 
     other = build_model(dataclasses.replace(cfg, norm_eps=1.0)).eval().requires_grad_(False)
     assert aot_decode.package_paths(other)[1] != paths[0]
@@ -237,5 +241,32 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
 
     paths[0].write_bytes(b"not a package")
     out, engine = run(tiny, prompts[:1], config)
-    assert out == expected[:1] and set(engine.model_runner.compiled_decode.ahead) == {2}
+    assert out == expected[:1] and set(engine.model_runner.compiled_decode.ahead) == {2, 9}
     assert "run `pellucid compile` again" in caplog.text
+
+
+def test_the_many_row_package_reads_the_models_dense_copies(smollm2_path):
+    """The default path's package for steps of 9-128 decoding rows (built by `make setup`)
+    multiplies by the packed layers' dense copies, handed over at its first step: it stores no
+    copy of its own (SmolLM2's would be 212 MB), and its logits are the eager step's (12 rows
+    of random tokens)."""
+    from pellucid import LLM
+    from pellucid.engine import aot_decode, model_runner
+
+    llm = LLM(smollm2_path)
+    runner = llm.engine.model_runner
+    step = runner.compiled_decode.ahead.get(9) if runner.compiled_decode else None
+    if step is None:
+        pytest.skip("no many-row package built for SmolLM2 here (make setup builds it)")
+    assert step.loader is None and step.path.stat().st_size < 20e6
+    runner.scratch = model_runner._scratch(runner.pool)  # a pool no request writes
+    ids, positions, ctx = runner.example_step(12)
+    ids.random_(0, 1000, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        eager = llm.model.compute_logits(llm.model.hidden_states(ids, positions, ctx)[0])
+        packaged = step(ids, positions, ctx)
+    assert step.loader is not None and isinstance(step, aot_decode.AotDecode)
+    # as close as the one-row package is to its eager step (~6%: fusions round bf16 differently,
+    # and fbgemm's head); a wrong matrix would be off by ~100%
+    err = (packaged.float() - eager.float()).norm() / eager.float().norm()
+    assert err < 0.15 and torch.equal(packaged.argmax(-1), eager.argmax(-1)), err

@@ -42,7 +42,8 @@ def test_int4_linear_rounds_each_weight_to_its_group_grid():
     assert err.max() > 1e-3  # 4 bits really lost something: it is not a float copy
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40])  # the int4 kernel; past 8 rows, the unpacked matrix
+# 2 x rows in all: the int4 kernel up to UNPACK_ROWS (48), the matrix unpacked past that
+@pytest.mark.parametrize("rows", [1, 3, 20, 40])
 def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
     torch.manual_seed(1)
     w, bias = torch.randn(192, 128) * 0.05, torch.randn(192)

@@ -13,9 +13,12 @@ is what the graph bakes in, so its name covers those: the model's class and conf
 and dtype of every weight, pellucid's model code, torch's version and the CPU's vector
 extensions. Any checkpoint of the same architecture shares it.
 
-Kinds of step, as in compiled_decode.py: one row, and a few rows (2..DENSE_ROWS); the number of
-rows, the block-table width and the pool's size are dynamic. Steps of more rows, pre-fill and
-traced steps stay eager (or go to torch.compile with `compile=True`).
+Kinds of step, as in compiled_decode.py: one row, a few rows (2..DENSE_ROWS), and many (up to
+128: a batch of decoding requests, multiplied by the packed layers' dense copies); the number of
+rows, the block-table width and the pool's size are dynamic. The dense copies exist only once a
+batch needs them (models/quant.py), so the package for many rows is loaded at its first step.
+Steps of more rows, pre-fill and traced steps stay eager (or go to torch.compile with
+`compile=True`).
 
     pellucid compile [--model M]      # builds them (make setup does, for the default model)
 """
@@ -34,13 +37,16 @@ from torch import Tensor, nn
 
 from pellucid.atomic import atomic_path
 from pellucid.cpu import isa_flags
+from pellucid.engine.compiled_decode import most_rows
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, use_fbgemm_head
+from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
 from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")
-KINDS = {1: "one-row", 2: "few-rows"}  # compiled_decode.kind() -> the package's name
+LOAD_ERRORS = (RuntimeError, KeyError, OSError, zipfile.BadZipFile)  # a package that will not load
+# compiled_decode.kind() -> the package's name
+KINDS = {1: "one-row", 2: "few-rows", DENSE_ROWS + 1: "many-rows"}
 # The compiler's options for every kernel of the step: see compiled_decode.OPTIONS.
 OPTIONS = {
     "size_asserts": False,
@@ -86,7 +92,8 @@ def package_paths(model: LlamaModel) -> dict[int, Path]:
     h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
     h.update("|".join(isa_flags()).encode())
     for name, t in sorted(named_tensors(model).items()):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())
+        if not name.endswith(".dense"):  # made later or not (the code's hash covers them)
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())
     for source in sorted((Path(__file__).parents[1] / "models").glob("*.py")):
         h.update(source.read_bytes())
     h.update(Path(__file__).read_bytes())
@@ -113,6 +120,8 @@ def build(
     """Export and compile the step for `kind`, on `example` (a decode step of that many rows,
     written to a scratch pool), into the package at `path`. Takes 2-3 minutes on 2 cores."""
     use_fbgemm_head(model)
+    if kind > DENSE_ROWS:
+        make_dense(model)  # the graph reads them, as the model's own tensors
     dims = _dims(example[2], kind)
     # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
     ep = torch.export.export(DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True)
@@ -128,21 +137,42 @@ def build(
 
 
 class AotDecode:
-    """A loaded package: call it as the eager step, (ids (1, B), positions, ctx) -> logits."""
+    """A package for `kind` of step: call it as the eager step, (ids (1, B), positions, ctx) ->
+    logits. Loaded at once, or at the first call where it reads the dense copies (the many-row
+    step: see the module's docstring), which are made then."""
 
-    def __init__(self, path: Path, model: LlamaModel):
-        use_fbgemm_head(model)  # as when it was built: the graph may call fbgemm for the head
+    def __init__(self, path: Path, model: LlamaModel, kind: int):
+        self.path, self.model = path, model
+        self.dense = kind > DENSE_ROWS
+        self.loader: torch._C._aoti.AOTIModelPackageLoader | None = None
+        self.failed = False
+        if not self.dense:
+            self.load()
+
+    def load(self) -> None:
+        use_fbgemm_head(self.model)  # as when it was built: the graph may call fbgemm for it
+        if self.dense:
+            make_dense(self.model)
         # torch's C++ loader directly: the Python wrapper imports the compiler (~1.5 s)
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, -1)
-        own = named_tensors(model)
-        constants = _stored_constants(path)
-        for fqn in self.loader.get_constant_fqns():
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1, -1)
+        own = named_tensors(self.model)
+        constants = _stored_constants(self.path)
+        for fqn in loader.get_constant_fqns():
             if fqn not in constants:
                 constants[fqn] = own[fqn]
         # user_managed: the package points at the model's tensors, without copying them
-        self.loader.load_constants(constants, False, True, True)
+        loader.load_constants(constants, False, True, True)
+        self.loader = loader
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        if self.loader is None and not self.failed:
+            try:
+                self.load()
+            except LOAD_ERRORS as e:
+                log.warning("could not load %s (%s); run `pellucid compile` again", self.path, e)
+                self.failed = True
+        if self.loader is None:  # eager, as without the package
+            return self.model.compute_logits(self.model.hidden_states(ids, positions, ctx)[0])
         return self.loader.boxed_run(step_inputs(ids, positions, ctx))[0]
 
 
@@ -159,8 +189,8 @@ def load(model: LlamaModel) -> dict[int, AotDecode]:
     for kind, path in package_paths(model).items():
         if path.exists():
             try:
-                loaded[kind] = AotDecode(path, model)
-            except (RuntimeError, KeyError, OSError, zipfile.BadZipFile) as e:
+                loaded[kind] = AotDecode(path, model, kind)
+            except LOAD_ERRORS as e:
                 log.warning("could not load %s (%s); run `pellucid compile` again", path, e)
     return loaded
 
@@ -176,7 +206,7 @@ def _dims(ctx: ForwardContext, kind: int) -> tuple:
     block-table width, the blocks the rows use in all, and the pool's number of blocks."""
     from torch.export import Dim
 
-    rows = Dim("rows", min=2, max=DENSE_ROWS) if kind == 2 else None
+    rows = None if kind == 1 else Dim("rows", min=kind, max=most_rows(kind))
     width, total = Dim("width", min=2, max=1 << 16), Dim("total", min=2, max=1 << 20)
     pool = Dim("pool", min=2, max=1 << 24)
     b, bw = ({0: rows}, {0: rows, 1: width}) if rows is not None else (None, {1: width})

@@ -8,8 +8,7 @@ model's LM head also switches to fbgemm for one row (models/fbgemm.py): 8-bit ac
 the head's big matrix. (Measured: benchmarks/results/comments.md.)
 
 Shapes are dynamic (rows, block-table width), so one graph serves every context length; a
-graph for one row and one for several are the only two (the int4 path adds one for more than
-DENSE_ROWS rows). Compiling takes tens of seconds the first time; inductor keeps its output
+graph for one row, one for a few, and on the int4 path ones for many rows (see `KINDS`). Compiling takes tens of seconds the first time; inductor keeps its output
 under the pellucid cache folder, so a later process compiles faster.
 Pre-fill steps, mixed steps and traced requests stay eager; if compiling fails (no C++ compiler,
 an unsupported op), the runner logs it once and stays eager.
@@ -40,7 +39,7 @@ from torch import Tensor
 
 from pellucid.models.context import ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
+from pellucid.models.quant import DENSE_ROWS, ROW_BUCKET, make_dense, use_fbgemm_head
 from pellucid.weights.cache import cache_root
 
 Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]
@@ -87,9 +86,21 @@ def prepare(
     return decode
 
 
+# The kinds of step, each named by its fewest rows: one row; a few (the packed kernels); many (the
+# dense copies, up to where dense_mm's padding changes its step: one graph must not branch on
+# the rows); and more.
+KINDS = (1, 2, DENSE_ROWS + 1, 4 * ROW_BUCKET + 1)
+
+
 def kind(rows: int) -> int:
-    """Which graph serves this many rows: one row, a few, or more than DENSE_ROWS."""
-    return 1 if rows == 1 else 2 if rows <= DENSE_ROWS else DENSE_ROWS + 1
+    """Which graph serves this many rows."""
+    return max(k for k in KINDS if k <= rows)
+
+
+def most_rows(kind: int) -> int | None:
+    """The most rows a kind of step takes; None: no bound."""
+    later = [k for k in KINDS if k > kind]
+    return later[0] - 1 if later else None
 
 
 class CompiledDecode:
@@ -196,7 +207,7 @@ class CompiledDecode:
                     self.compiled = self.make_compiled()
                 self.run_compiled(*self.example(k))
             self.ready.add(k)
-            log.info("compiled the decode step for %s", _ROWS[k])
+            log.info("compiled the decode step for %s", _rows(k))
         except Exception as e:  # noqa: BLE001 - any compiler failure: eager still works
             self.fail(e)
 
@@ -210,7 +221,9 @@ class CompiledDecode:
         return self.model.compute_logits(self.model.hidden_states(ids, positions, ctx)[0])
 
 
-_ROWS = {1: "one row", 2: "a few rows", DENSE_ROWS + 1: f"more than {DENSE_ROWS} rows"}
+def _rows(kind: int) -> str:
+    most = most_rows(kind)
+    return "one row" if most == 1 else f"{kind} to {most} rows" if most else f"{kind}+ rows"
 
 
 def mark_varying(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> None:

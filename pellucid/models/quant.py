@@ -10,8 +10,8 @@ that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bi
 int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
-to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows a packed layer multiplies by its
-matrix unpacked to dense form — bf16 where the CPU multiplies bf16 natively (AVX-512 BF16, AMX),
+to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows (UNPACK_ROWS where the matrix
+must be unpacked first) a packed layer multiplies by its matrix unpacked to dense form — bf16 where the CPU multiplies bf16 natively (AVX-512 BF16, AMX),
 float32 elsewhere (on AVX2, oneDNN's bf16 GEMM runs at a tenth of its float32 speed). A pre-fill
 unpacks each matrix just before its product and drops it after (models/unpack.py), so memory holds
 one copy of the model; a batch of many decoding rows, which repeats its steps, keeps the dense
@@ -43,6 +43,10 @@ CHANNEL_BLOCK = {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capabi
 DENSE_DTYPE = torch.bfloat16 if native_bf16() else torch.float32
 INDUCTOR_INT8_LOOP = "avx512f" in cpu_flags()  # see Int8Linear.packed_mm
 DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (measured)
+# ... and above this many, it beats it even counting the time to unpack the matrix first (AMX
+# Xeon, SmolLM2: a 16-token pre-fill took 40 ms with the packed kernels, 92 unpacking; 64
+# tokens 116 and 98)
+UNPACK_ROWS = 48
 ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 # the packed model's name in the weight cache: bump when the layout changes (it differs by CPU)
@@ -63,7 +67,9 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("bias", None)  # (out,) bf16, for layouts with biased projections
-        self.dense: Tensor | None = None  # the dense matrix, made on the first many-row call
+        # the dense matrix, kept by make_dense; a buffer (not saved), so that a compiled graph
+        # names it by its module rather than storing its own copy of it as a constant
+        self.register_buffer("dense", None, persistent=False)
 
     @classmethod
     def from_weight(cls, w: Tensor, bias: Tensor | None = None) -> PackedLinear:
@@ -79,7 +85,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > DENSE_ROWS:
+        n = rows.shape[0]
+        if n > DENSE_ROWS and (self.dense is not None or n > UNPACK_ROWS):
             y = dense_mm(rows, self.dense_matrix(), self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
@@ -133,7 +140,7 @@ def bucket(n: int) -> int:
     """n rounded up to a multiple of ROW_BUCKET up to 4 of them, then of 2, then of 4 of them
     (32, 64, 96, 128, 192, 256, 384, 512, ...): fewer kernels for the long pre-fill steps."""
     step = ROW_BUCKET * (1 if n <= 4 * ROW_BUCKET else 2 if n <= 8 * ROW_BUCKET else 4)
-    return -(-n // step) * step
+    return n + (-n) % step  # written so that export can tell the padding is never negative
 
 
 class Int4Linear(PackedLinear):
@@ -168,7 +175,7 @@ class Int4Linear(PackedLinear):
 
     def packed_mm(self, rows: Tensor) -> Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, GROUP, self.scales_zeros
+            rows.contiguous(), self.packed, GROUP, self.scales_zeros
         )
 
     def unpacked(self, scratch: bool = False) -> Tensor:

@@ -4,6 +4,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 static inline float from_bf16(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -26,6 +29,26 @@ static inline void store(void *out, int64_t i, float value, int bf16) {
         ((float *)out)[i] = value;
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* One input of a block of 64 channels, by hand: the compiler's own vectors for the loop below
+   take three times as long. 32 bytes -> 64 bf16 weights. */
+static inline void block64_bf16(const uint8_t *bytes, const float *scale, const float *shift,
+                                uint16_t *out) {
+    const __m256i packed = _mm256_loadu_si256((const __m256i *)bytes);
+    const __m256i nibble = _mm256_set1_epi8(15);
+    const __m256i halves[2] = {_mm256_and_si256(packed, nibble),
+                               _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble)};
+    for (int h = 0; h < 2; h++) { /* channels 0..31 (low nibbles), then 32..63 (high) */
+        const float *s = scale + 32 * h, *z = shift + 32 * h;
+        __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(halves[h])));
+        __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(halves[h], 1)));
+        low = _mm512_fmadd_ps(low, _mm512_loadu_ps(s), _mm512_loadu_ps(z));
+        high = _mm512_fmadd_ps(high, _mm512_loadu_ps(s + 16), _mm512_loadu_ps(z + 16));
+        _mm512_storeu_si512(out + 32 * h, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
+}
+#endif
+
 /* torch's CPU int4 packing (aten._convert_weight_to_int4pack_for_cpu): the output channels in
    blocks of `block`; byte k * block/2 + c of a block holds input k of its channel c (low nibble)
    and of channel c + block/2 (high). scales_zeros (in/group, out, 2) bf16: w = (q - 8) * scale
@@ -46,6 +69,12 @@ void int4_to_dense_t(const uint8_t *restrict packed, const uint16_t *restrict sc
             }
             const uint8_t *bytes = packed + (b * in_f + k) * half;
             const int64_t row = k * out_f + b * block;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+            if (bf16 && block == 64) {
+                block64_bf16(bytes, scale, shift, (uint16_t *)out + row);
+                continue;
+            }
+#endif
             for (int64_t c = 0; c < half; c++) {
                 store(out, row + c, (float)(bytes[c] & 15) * scale[c] + shift[c], bf16);
                 store(out, row + half + c, (float)(bytes[c] >> 4) * scale[half + c] + shift[half + c], bf16);
