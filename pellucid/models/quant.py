@@ -27,6 +27,9 @@ The model's projections that read the same input (Q/K/V, gate/up) are one matrix
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -99,7 +102,9 @@ class PackedLinear(nn.Module):
         copy is then made once and kept."""
         if self.dense is None and not unpack.available():
             self.dense = self.unpacked()
-        return self.dense if self.dense is not None else self.unpacked(scratch=True)
+        if self.dense is not None:
+            return self.dense
+        return self.unpacked(unpack_dtype(), scratch=True)
 
     def pack(self, w: Tensor) -> None:
         """Fill the packed buffers from float32 (out, in) weights."""
@@ -112,9 +117,9 @@ class PackedLinear(nn.Module):
         """The bf16 (out, in) matrix, in torch ops: the reference form."""
         raise NotImplementedError
 
-    def unpacked(self, scratch: bool = False) -> Tensor:
-        """The (out, in) matrix in DENSE_DTYPE, by the kernel where it runs (models/unpack.py;
-        `scratch`: in a buffer the next unpacking of the same shape overwrites)."""
+    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
+        """The (out, in) matrix, by the kernel where it runs (models/unpack.py; `scratch`: in a
+        buffer the next unpacking of the same shape overwrites)."""
         raise NotImplementedError
 
 
@@ -134,6 +139,30 @@ def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
     padded = F.pad(rows, (0, 0, 0, bucket(n) - n)).to(w.dtype)
     y = F.linear(padded, w, None if bias is None else bias.to(w.dtype))
     return y[:n].to(rows.dtype)
+
+
+@functools.cache
+def unpack_dtype() -> torch.dtype:
+    """The dtype of a matrix unpacked for one product: DENSE_DTYPE, unless float32 multiplies a
+    pre-fill-sized product markedly faster here, as on a Xeon whose oneDNN is kept off AMX
+    (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: bf16 GEMMs at ~195 GFLOP/s, float32's at ~300; a
+    512-token pre-fill 753 -> 612 ms). Kept copies stay DENSE_DTYPE: float32 would double them.
+    Measured once per process, in ~30 ms."""
+    if DENSE_DTYPE == torch.float32:
+        return torch.float32
+    x, w = torch.randn(512, 576), torch.randn(1536, 576)
+
+    def seconds(dtype: torch.dtype) -> float:
+        a, b = x.to(dtype), w.to(dtype)
+        F.linear(a, b)  # oneDNN builds its kernel on the first call
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            F.linear(a, b)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return torch.float32 if 1.2 * seconds(torch.float32) < seconds(DENSE_DTYPE) else DENSE_DTYPE
 
 
 def bucket(n: int) -> int:
@@ -178,12 +207,12 @@ class Int4Linear(PackedLinear):
             rows.contiguous(), self.packed, GROUP, self.scales_zeros
         )
 
-    def unpacked(self, scratch: bool = False) -> Tensor:
+    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
         if not unpack.available():  # in the kernel's layout: (in, out), seen transposed
-            return self.dequantize().to(DENSE_DTYPE).t().contiguous().t()
+            return self.dequantize().to(dtype).t().contiguous().t()
         shape = (self.out_features, self.in_features)
         return unpack.int4_dense(
-            self.packed, self.scales_zeros, shape, CHANNEL_BLOCK, GROUP, DENSE_DTYPE, scratch
+            self.packed, self.scales_zeros, shape, CHANNEL_BLOCK, GROUP, dtype, scratch
         )
 
     def dequantize(self) -> Tensor:
@@ -236,10 +265,10 @@ class Int8Linear(PackedLinear):
     def dequantize(self) -> Tensor:
         return self.weight.to(torch.bfloat16) * self.scales[:, None]
 
-    def unpacked(self, scratch: bool = False) -> Tensor:
+    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
         if not unpack.available():
-            return self.dequantize().to(DENSE_DTYPE)
-        return unpack.int8_dense(self.weight, self.scales, DENSE_DTYPE, scratch)
+            return self.dequantize().to(dtype)
+        return unpack.int8_dense(self.weight, self.scales, dtype, scratch)
 
 
 def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
