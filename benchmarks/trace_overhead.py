@@ -1,9 +1,11 @@
 """What tracing one request costs the others: 16 requests decode together, once with none traced
-and once with one traced (`trace=True`); the 15 untraced requests' tokens/s are compared, per
-second of wall time and of CPU time, in back-to-back pairs (median of the paired ratios), plus
-the share of the shared steps the recorder itself took (its own clock, immune to neighbours).
+and once with one traced; the 15 untraced requests' tokens/s are compared, per second of wall
+time and of CPU time, in back-to-back pairs (median of the paired ratios), plus the share of the
+shared steps the recorder itself took (its own clock, immune to neighbours). The trace holds
+attention at every layer and the logit lens (`--basic`: tokens, stages, timings and KV only);
+the model runs on the default path (`--dtype float32`: the reference).
 
-    .venv/bin/python benchmarks/trace_overhead.py [--batch 16] [--tokens 32] [--repeats 3]
+    .venv/bin/python benchmarks/trace_overhead.py [--batch 16] [--tokens 32] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 from common import save
 
 from pellucid import LLM, SamplingParams
+from pellucid.engine import TraceOptions
 
 TOPICS = [
     "the sea",
@@ -49,7 +52,9 @@ class Run:
     steps_s: float  # time of the steps the traced request was in
 
 
-def run_batch(llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool) -> Run:
+def run_batch(
+    llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool, trace: bool | TraceOptions
+) -> Run:
     plain = SamplingParams(
         temperature=0.8,
         top_k=40,
@@ -59,7 +64,7 @@ def run_batch(llm: LLM, prompts: list[list[int]], tokens: int, trace_one: bool) 
         max_tokens=tokens,
         ignore_eos=True,
     )
-    traced = replace(plain, trace=True)
+    traced = replace(plain, trace=trace)
     seqs = [
         llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
         for i, p in enumerate(prompts)
@@ -84,21 +89,26 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="int4", help="int4 (the default path) or float32")
+    ap.add_argument("--basic", action="store_true", help="trace without attention and lens")
     args = ap.parse_args()
 
-    llm = LLM(args.model, dtype="float32")
+    llm = LLM(args.model, dtype=args.dtype)
+    layers = list(range(llm.model.cfg.n_layers))
+    trace = True if args.basic else TraceOptions(attention_layers=layers, logit_lens=True)
+    what = "tokens, stage top-k, timings, KV" + ("" if args.basic else ", attention, logit lens")
     prompts = [
         llm.encode(f"Write a short poem about {TOPICS[i % len(TOPICS)]}.")
         for i in range(args.batch)
     ]
-    run_batch(llm, prompts, args.tokens, False)  # warm-up: both paths, full length
-    run_batch(llm, prompts, args.tokens, True)
+    run_batch(llm, prompts, args.tokens, False, trace)  # warm-up: both paths, full length
+    run_batch(llm, prompts, args.tokens, True, trace)
     pairs = []
     for _ in range(args.repeats):  # back-to-back pairs: a busy moment hits both sides alike
         pairs.append(
             (
-                run_batch(llm, prompts, args.tokens, False),
-                run_batch(llm, prompts, args.tokens, True),
+                run_batch(llm, prompts, args.tokens, False, trace),
+                run_batch(llm, prompts, args.tokens, True, trace),
             )
         )
     wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
@@ -113,8 +123,9 @@ def main() -> None:
         "trace_overhead",
         {
             "model": args.model,
+            "dtype": args.dtype,
             "workload": f"{args.batch} requests x {args.tokens} sampled tokens, one traced "
-            "(trace=True: tokens, stage top-k, timings, KV)",
+            f"({what})",
             "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
             "median_paired_cost_wall": round(wall, 4),
             "median_paired_cost_cpu": round(cpu, 4),

@@ -7,9 +7,10 @@ the smaller part of it. Inductor fuses the element-wise ops into a few C++ kerne
 model's LM head also switches to fbgemm for one row (models/fbgemm.py): 8-bit activations, for
 the head's big matrix. (Measured: benchmarks/results/comments.md.)
 
-Shapes are dynamic (rows, block-table width), so one graph serves every context length; a
-graph for one row, one for a few, and on the int4 path ones for many rows (see `KINDS`). Compiling takes tens of seconds the first time; inductor keeps its output
-under the pellucid cache folder, so a later process compiles faster.
+Shapes are dynamic (rows, block-table width), so one graph serves every context length: one
+graph for one row, one for a few, and ones for many (see `KINDS`). Compiling takes tens of
+seconds the first time; inductor keeps its output under the pellucid cache folder, so a later
+process compiles faster.
 Pre-fill steps, mixed steps and traced requests stay eager; if compiling fails (no C++ compiler,
 an unsupported op), the runner logs it once and stays eager.
 

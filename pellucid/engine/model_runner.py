@@ -65,7 +65,10 @@ class ModelRunner:
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
-        logits = self.logits(ids, positions, ctx, last_rows, whole_graph=not traced)
+        # a trace that looks inside the forward (attention, the logit lens) needs the eager step;
+        # one of tokens, sampling stages and timings reads only what the compiled step returns
+        inside = bool(ctx.capture_attention) or ctx.capture_hidden_rows is not None
+        logits = self.logits(ids, positions, ctx, last_rows, whole_graph=not inside)
         token_ids: list[int] = []
         logprobs: list[TokenLogprob | None] = []
         if logits is not None:

@@ -11,11 +11,11 @@ int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM h
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
 to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows (UNPACK_ROWS where the matrix
-must be unpacked first) a packed layer multiplies by its matrix unpacked to dense form — bf16 where the CPU multiplies bf16 natively (AVX-512 BF16, AMX),
-float32 elsewhere (on AVX2, oneDNN's bf16 GEMM runs at a tenth of its float32 speed). A pre-fill
-unpacks each matrix just before its product and drops it after (models/unpack.py), so memory holds
-one copy of the model; a batch of many decoding rows, which repeats its steps, keeps the dense
-copies (make_dense).
+must be unpacked first) a packed layer multiplies by its matrix unpacked to dense form — bf16
+where the CPU multiplies bf16 natively (AVX-512 BF16, AMX), float32 elsewhere (on AVX2, oneDNN's
+bf16 GEMM runs at a tenth of its float32 speed). A pre-fill unpacks each matrix just before its
+product and drops it after (models/unpack.py), so memory holds one copy of the model; a batch of
+many decoding rows, which repeats its steps, keeps the dense copies (make_dense).
 
 torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
 blocks of 64 output channels with AVX-512, of 32 with AVX2 (`CHANNEL_BLOCK`); without either,
@@ -96,9 +96,9 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def dense_matrix(self) -> Tensor:
-        """The (out, in) matrix in DENSE_DTYPE for a product of many rows: the copy kept by
-        make_dense where there is one, else unpacked now for this product alone. Without the
-        unpacking kernel, torch ops would unpack at several times the product's cost: the
+        """The (out, in) matrix for a product of many rows: the copy kept by make_dense where
+        there is one, else unpacked now for this product alone (in `unpack_dtype()`). Without
+        the unpacking kernel, torch ops would unpack at several times the product's cost: the
         copy is then made once and kept."""
         if self.dense is None and not unpack.available():
             self.dense = self.unpacked()
@@ -146,7 +146,7 @@ def unpack_dtype() -> torch.dtype:
     """The dtype of a matrix unpacked for one product: DENSE_DTYPE, unless float32 multiplies a
     pre-fill-sized product markedly faster here, as on a Xeon whose oneDNN is kept off AMX
     (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: bf16 GEMMs at ~195 GFLOP/s, float32's at ~300; a
-    512-token pre-fill 753 -> 612 ms). Kept copies stay DENSE_DTYPE: float32 would double them.
+    512-token pre-fill 753 -> 606 ms). Kept copies stay DENSE_DTYPE: float32 would double them.
     Measured once per process, in ~30 ms."""
     if DENSE_DTYPE == torch.float32:
         return torch.float32
