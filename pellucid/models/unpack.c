@@ -1,6 +1,7 @@
 /* Packed weights -> dense matrices, for products of many rows (see unpack.py, which builds this
-   file with -O3 -march=native: the loops below are written for the compiler to vectorize).
-   The output is bf16 (stored as uint16_t, rounded to nearest even) or float32. */
+   file with -O3 -march=native: the loops below are written for the compiler to vectorize, but
+   for one written by hand). The output is bf16 (stored as uint16_t, rounded to nearest even) or
+   float32. */
 
 #include <stdint.h>
 #include <string.h>
