@@ -46,9 +46,8 @@ CHANNEL_BLOCK = {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capabi
 DENSE_DTYPE = torch.bfloat16 if native_bf16() else torch.float32
 INDUCTOR_INT8_LOOP = "avx512f" in cpu_flags()  # see Int8Linear.packed_mm
 DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (measured)
-# ... and above this many, it beats it even counting the time to unpack the matrix first (AMX
-# Xeon, SmolLM2: a 16-token pre-fill took 40 ms with the packed kernels, 92 unpacking; 64
-# tokens 116 and 98)
+# ... and above this many, it beats it even counting the time to unpack the matrix first
+# (measured: benchmarks/results/comments.md)
 UNPACK_ROWS = 48
 ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
@@ -145,9 +144,9 @@ def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
 def unpack_dtype() -> torch.dtype:
     """The dtype of a matrix unpacked for one product: DENSE_DTYPE, unless float32 multiplies a
     pre-fill-sized product markedly faster here, as on a Xeon whose oneDNN is kept off AMX
-    (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: bf16 GEMMs at ~195 GFLOP/s, float32's at ~300; a
-    512-token pre-fill 753 -> 606 ms). Kept copies stay DENSE_DTYPE: float32 would double them.
-    Measured once per process, in ~30 ms."""
+    (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), where oneDNN's bf16 GEMM falls behind MKL's float32
+    one (benchmarks/results/comments.md). Kept copies stay DENSE_DTYPE: float32 would double
+    them. Measured once per process, on a product of a few milliseconds."""
     if DENSE_DTYPE == torch.float32:
         return torch.float32
     x, w = torch.randn(512, 576), torch.randn(1536, 576)

@@ -32,7 +32,7 @@ static inline void store(void *out, int64_t i, float value, int bf16) {
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* One input of a block of 64 channels, by hand: the compiler's own vectors for the loop below
-   take three times as long. 32 bytes -> 64 bf16 weights. */
+   are slower (benchmarks/results/comments.md). 32 bytes -> 64 bf16 weights. */
 static inline void block64_bf16(const uint8_t *bytes, const float *scale, const float *shift,
                                 uint16_t *out) {
     const __m256i packed = _mm256_loadu_si256((const __m256i *)bytes);

@@ -7,9 +7,8 @@ every packed matrix took more memory than the packed weights themselves (SmolLM2
 bf16 beside 67 MB of int4). Unpacked just before its product and dropped after it, a matrix
 costs its bytes for the length of one product. That is cheap only as one fused loop: in torch
 ops it takes eight passes over the matrix (nibbles, interleave, transpose, convert, scale,
-shift) and several times the 512-row product it feeds; the loop unpacks SmolLM2's 106M weights
-in ~29 ms with AVX-512 BF16 (~45 with the compiler's own vectors; bound by writing 212 MB). On
-an AMX Xeon a 512-token pre-fill took 178 ms with kept copies, ~220 this way.
+shift) and longer than the 512-row product it feeds; the loop is bound by writing the dense
+matrix out (timings: benchmarks/results/comments.md).
 
 The kernel is compiled with the machine's C compiler (-O3 -march=native, under a second) into
 pellucid's cache, named after its source and the CPU's flags. Where none runs, `available()` is
@@ -103,7 +102,9 @@ def int8_dense(weight: Tensor, scales: Tensor, dtype: torch.dtype, scratch: bool
 def _empty(shape: tuple[int, int], dtype: torch.dtype, scratch: bool) -> Tensor:
     if not scratch:
         return torch.empty(shape, dtype=dtype)
-    buffers: dict[tuple, Tensor] = _scratch.__dict__.setdefault("buffers", {})
+    if not hasattr(_scratch, "buffers"):
+        _scratch.buffers = {}
+    buffers: dict[tuple, Tensor] = _scratch.buffers
     if (shape, dtype) not in buffers:
         buffers[shape, dtype] = torch.empty(shape, dtype=dtype)
     return buffers[shape, dtype]
