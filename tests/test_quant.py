@@ -15,8 +15,16 @@ import torch
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
-from pellucid.models import fbgemm, quant, unpack
-from pellucid.models.quant import FORMAT, GROUP, Int4Linear, Int8Linear, PackedLinear, packed
+from pellucid.models import fbgemm, kernels, quant, rowdot, unpack
+from pellucid.models.quant import (
+    GROUP,
+    Int4DotLinear,
+    Int4Linear,
+    Int8Linear,
+    PackedLinear,
+    packed,
+    packed_format,
+)
 from pellucid.weights import cache as weight_cache
 
 with contextlib.redirect_stdout(io.StringIO()):  # importing `this` prints the Zen of Python
@@ -33,21 +41,32 @@ def _steps(w: torch.Tensor) -> torch.Tensor:
     return ((g.amax(-1) - g.amin(-1)) / 15)[..., None]
 
 
-def test_int4_linear_rounds_each_weight_to_its_group_grid():
+NO_KERNEL = "pellucid's C kernels could not be built (no C compiler)"
+# torch's int4 packing (where ATen has a vectorized int4 kernel) and rowdot's (where the kernels
+# build); rowdot's layout is the fast path only on AVX2, but it is tested wherever it runs
+INT4_LAYERS = [
+    pytest.param(Int4Linear, marks=pytest.mark.skipif(quant.CHANNEL_BLOCK is None, reason="no int4 kernel in ATen")),
+    pytest.param(Int4DotLinear, marks=pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("int4", INT4_LAYERS)
+def test_int4_linear_rounds_each_weight_to_its_group_grid(int4):
     torch.manual_seed(0)
     w = torch.randn(128, 96) * 0.05
-    layer = Int4Linear.from_weight(w)
+    layer = int4.from_weight(w)
     err = (layer.dequantize().float() - w).view(128, -1, GROUP).abs()
     assert (err <= _steps(w) * 0.5 + 2e-3).all()  # half a step, plus bf16 rounding
     assert err.max() > 1e-3  # 4 bits really lost something: it is not a float copy
 
 
 # 2 x rows in all: the int4 kernel up to UNPACK_ROWS (48), the matrix unpacked past that
+@pytest.mark.parametrize("int4", INT4_LAYERS)
 @pytest.mark.parametrize("rows", [1, 3, 20, 40])
-def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
+def test_int4_linear_multiplies_by_its_dequantized_matrix(int4, rows):
     torch.manual_seed(1)
     w, bias = torch.randn(192, 128) * 0.05, torch.randn(192)
-    layer = Int4Linear.from_weight(w, bias)
+    layer = int4.from_weight(w, bias)
     x = torch.randn(2, rows, 128).bfloat16()
     want = x.float() @ layer.dequantize().float().T + bias.bfloat16().float()
     got = layer(x)
@@ -55,29 +74,96 @@ def test_int4_linear_multiplies_by_its_dequantized_matrix(rows):
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
 
 
-NO_KERNEL = "the unpacking kernel could not be built (no C compiler)"
-
-
 @pytest.mark.skipif(not unpack.available(), reason=NO_KERNEL)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):
     """unpack.c against `dequantize`, the same arithmetic in torch ops (which rounds to bf16
-    after each step, where the kernel rounds once): int4 in torch's packing, int8 per channel."""
+    after each step, where the kernel rounds once): int4 in torch's packing and in rowdot's,
+    int8 per channel."""
     torch.manual_seed(3)
-    int4 = Int4Linear.from_weight(torch.randn(192, 128) * 0.05)
-    shape = (int4.out_features, int4.in_features)
-    got = unpack.int4_dense(
-        int4.packed, int4.scales_zeros, shape, quant.CHANNEL_BLOCK, GROUP, dtype
-    )
-    want = int4.dequantize().float()
-    assert got.shape == want.shape and got.dtype == dtype
-    torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2e-3 * want.abs().max().item())
-    assert (got.float() != 0).float().mean() > 0.9  # filled, not left empty
+    w = torch.randn(192, 128) * 0.05
+    shape = tuple(w.shape)
+    layers = [Int4DotLinear.from_weight(w)]
+    if quant.CHANNEL_BLOCK is not None:
+        layers.append(Int4Linear.from_weight(w))
+    for int4 in layers:
+        if isinstance(int4, Int4Linear):
+            got = unpack.int4_dense(
+                int4.packed, int4.scales_zeros, shape, quant.CHANNEL_BLOCK, GROUP, dtype
+            )
+        else:
+            got = unpack.int4_dot_dense(int4.packed, int4.params, shape, dtype)
+        want = int4.dequantize().float()
+        assert got.shape == want.shape and got.dtype == dtype
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=2e-3 * scale)
+        assert (got.float() != 0).float().mean() > 0.9  # filled, not left empty
 
     int8 = Int8Linear.from_weight(torch.randn(96, 160))
     exact = int8.weight.float() * int8.scales.float()[:, None]  # 8 bits times bf16: exact
     got = unpack.int8_dense(int8.weight, int8.scales, dtype)
     assert torch.equal(got, exact.to(dtype))  # one rounding, as torch's
+
+
+def _rows_rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """float32 rows as rowdot.c rounds them: int8 per group of 32, times the group's scale
+    (its largest magnitude / 127), in the same float32 operations."""
+    groups = x.view(x.shape[0], -1, GROUP)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    inverse = torch.where(scale > 0, 1 / scale, 0)
+    return ((groups * inverse).round() * scale).view_as(x)
+
+
+@pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])  # the kernel takes rows 4 at a time
+def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows):
+    """rowdot.c against torch: its int4 and int8 products equal the float products of the
+    rounded rows with the weights, up to float32 summation order; rounding the rows changes
+    the product a little, and not at all for rows already on the int8 grid."""
+    torch.manual_seed(4)
+    x = torch.randn(rows, 160) * 3
+    x[0, :32] = 0  # a group of zeros: a scale of 0, not a division by it
+    int4 = Int4DotLinear.from_weight(torch.randn(48, 160) * 0.05)
+    int8 = Int8Linear.from_weight(torch.randn(44, 160))
+    matrices = [
+        (rowdot.int4_rows_mm(x, int4.packed, int4.params), int4.unpacked(torch.float32)),
+        (rowdot.int8_rows_mm(x, int8.weight, int8.scales), int8.weight.float() * int8.scales.float()[:, None]),
+    ]  # fmt: skip
+    for got, w in matrices:
+        want = _rows_rounded_to_8_bits(x) @ w.T
+        assert got.shape == want.shape and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+        err = (got - x @ w.T).norm() / (x @ w.T).norm()
+        assert 1e-4 < err < 0.02
+    on_grid = _rows_rounded_to_8_bits(x)
+    exact = on_grid @ int4.unpacked(torch.float32).T
+    got = rowdot.int4_rows_mm(on_grid, int4.packed, int4.params)
+    torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-5 * exact.abs().max().item())
+    # bf16 rows give bf16 out for int4 (the decoder's dtype), float32 for int8 (logits)
+    assert rowdot.int4_rows_mm(x.bfloat16(), int4.packed, int4.params).dtype == torch.bfloat16
+    assert rowdot.int8_rows_mm(x.bfloat16(), int8.weight, int8.scales).dtype == torch.float32
+
+
+@pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
+def test_the_ops_built_in_cpp_give_what_the_python_implementation_gives():
+    """rowdot_ops.cpp (what a compiled decode step calls on AVX2) against rowdot.py's own
+    implementation of the ops, which calls the same kernels through ctypes."""
+    if not kernels.torch_ops():
+        pytest.skip("rowdot's torch ops could not be built (no C++ compiler or torch headers)")
+    torch.manual_seed(5)
+    x = torch.randn(5, 96).bfloat16()
+    int4 = Int4DotLinear.from_weight(torch.randn(40, 96) * 0.05)
+    int8 = Int8Linear.from_weight(torch.randn(36, 96))
+    got = torch.ops.pellucid.int4_rows_mm(x, int4.packed, int4.params)
+    want = rowdot._call(
+        "int4_rows_mm", x, int4.packed, int4.params, rowdot._int4_out(x, int4.packed)
+    )
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    got = torch.ops.pellucid.int8_rows_mm(x.t().contiguous().t(), int8.weight, int8.scales)
+    want = rowdot._call(
+        "int8_rows_mm", x, int8.weight, int8.scales, rowdot._int8_out(x, int8.weight)
+    )
+    assert got.dtype == torch.float32 and torch.equal(got, want)  # (rows made contiguous first)
 
 
 def test_a_pre_fill_unpacks_for_itself_and_a_decoding_batch_keeps_its_copies(tiny_path):
@@ -98,14 +184,14 @@ def test_a_pre_fill_unpacks_for_itself_and_a_decoding_batch_keeps_its_copies(tin
     prompts = [f"request {i}" for i in range(12)]
     eight = SamplingParams(temperature=0, max_tokens=8)
     batched = [o.token_ids for o in llm.generate(prompts, eight)]
-    assert all(m.dense is not None for m in layers)
+    assert all((m.dense is not None) == m.keeps_dense() for m in layers)  # rowdot's keep none
 
     without = LLM(tiny_path, dtype="int4")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(unpack, "available", lambda: False)
         assert without.generate(long_prompt, params)[0].token_ids == alone
         kept = [m for m in without.engine.model.layers.modules() if isinstance(m, PackedLinear)]
-        assert all(m.dense is not None for m in kept)
+        assert all(m.dense is not None for m in kept if m.keeps_dense())
         assert [o.token_ids for o in without.generate(prompts, eight)] == batched
 
 
@@ -122,7 +208,7 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
     of no model here, so no other test in the process has made their kernels already."""
     torch.manual_seed(2)
     shapes = [(1088, 384), (448, 384), (2112, 384), (384, 1056)]  # (out, in): a decoder's kinds
-    layers = [Int4Linear.from_weight(torch.randn(o, i) * 0.05) for o, i in shapes]
+    layers = [quant.int4_class().from_weight(torch.randn(o, i) * 0.05) for o, i in shapes]
     x = torch.randn(320, 1056).bfloat16()
 
     def growth_over_row_counts(counts: range) -> float:
@@ -138,7 +224,8 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
         want = x.float()[:, : layer.in_features] @ layer.dequantize().float().T
         for n in (9, 31, 32, 33, 200):
             got = layer(x[:n, : layer.in_features]).float()
-            torch.testing.assert_close(got, want[:n], atol=0.02, rtol=0.02)
+            # (up to UNPACK_ROWS, the packed kernel, whose rows are rounded to 8 bits on AVX2)
+            torch.testing.assert_close(got, want[:n], atol=0.04, rtol=0.02)
     assert [quant.bucket(n) for n in (9, 32, 33, 129, 200, 257, 300, 512)] == [
         32,
         32,
@@ -164,10 +251,14 @@ def test_q4_1_weights_come_back_on_their_own_grid(smollm2_path):
     state = read_checkpoint(smollm2_path).state
     for name in ["layers.0.self_attn.qkv_proj.weight", "layers.17.mlp.down_proj.weight"]:
         w = state[name]
-        err = (Int4Linear.from_weight(w).dequantize().float() - w).view(w.shape[0], -1, GROUP)
+        err = (quant.int4_class().from_weight(w).dequantize().float() - w).view(
+            w.shape[0], -1, GROUP
+        )
         assert (err.abs() / _steps(w).clamp(min=1e-12)).max() < 0.15, name
     emb = state["embed_tokens.weight"]
-    err = (Int4Linear.from_weight(emb).dequantize().float() - emb).view(emb.shape[0], -1, GROUP)
+    err = (quant.int4_class().from_weight(emb).dequantize().float() - emb).view(
+        emb.shape[0], -1, GROUP
+    )
     assert (err.abs() / _steps(emb).clamp(min=1e-12)).max() > 0.4
 
 
@@ -178,12 +269,13 @@ def test_a_matrix_off_the_4_bit_grid_is_kept_in_int8():
     q = torch.randint(0, 16, (128, 2, 32))
     q[..., 0], q[..., 1] = 0, 15  # each group spans the whole grid, as Q4_1's min/max do
     on_grid = (q * steps - 0.05).view(128, 64)
-    assert isinstance(packed(on_grid), Int4Linear)
+    assert isinstance(packed(on_grid), quant.int4_class())
     kept = packed(off_grid)
     assert isinstance(kept, Int8Linear)
     err = (kept.dequantize().float() - off_grid).norm() / off_grid.norm()
     assert err < 0.01
-    # 100 outputs are not a multiple of the int4 packing's 64-channel blocks: int8, not an error
+    # 100 outputs are not a multiple of the int4 layouts' channel blocks (64 or 32 channels in
+    # torch's, 8 in rowdot's): int8, not an error
     assert isinstance(packed(on_grid[:100]), Int8Linear)
 
 
@@ -192,8 +284,15 @@ def smollm2_int4() -> LLM:
     return LLM("smollm2-135m", dtype="int4")
 
 
-def _nll_and_top1(llm: LLM, ids: list[int]) -> tuple[float, torch.Tensor]:
-    logits = llm.logits(ids).float()
+def _nll_and_top1(llm: LLM, ids: list[int], packed: bool = False) -> tuple[float, torch.Tensor]:
+    """`packed`: every product by the packed kernels, as a decode step computes its rows (the
+    many rows of a whole text otherwise take the dense matrices): on AVX2, rowdot's, each row
+    rounded to 8 bits per group of 32 at every matrix, the head's too."""
+    with pytest.MonkeyPatch.context() as patch:
+        if packed:
+            patch.setattr(quant, "DENSE_ROWS", 1 << 30)
+            patch.setattr(quant, "UNPACK_ROWS", 1 << 30)
+        logits = llm.logits(ids).float()
     nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()
     return nll, logits.argmax(-1)
 
@@ -202,9 +301,10 @@ def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2, smollm2_
     ids = smollm2.encode(HELD_TEXT)
     assert len(ids) > 300
     nll32, top32 = _nll_and_top1(smollm2, ids)
-    nll4, top4 = _nll_and_top1(smollm2_int4, ids)
-    assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
-    assert (top4 == top32).float().mean() > 0.85  # the next-token choice mostly agrees too
+    for packed_kernels in (False, True):  # pre-fill's dense products, decoding's packed ones
+        nll4, top4 = _nll_and_top1(smollm2_int4, ids, packed_kernels)
+        assert abs(nll4 - nll32) / nll32 < 0.01, (packed_kernels, nll32, nll4)
+        assert (top4 == top32).float().mean() > 0.85  # the next-token choice mostly agrees too
 
 
 def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
@@ -214,8 +314,9 @@ def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
     fast = LLM("gemma3-270m", dtype="int4")
     ids = gemma3.encode(HELD_TEXT)
     nll32, top32 = _nll_and_top1(gemma3, ids)
-    nll4, _ = _nll_and_top1(fast, ids)
-    assert abs(nll4 - nll32) / nll32 < 0.01, (nll32, nll4)
+    for packed_kernels in (False, True):  # pre-fill's dense products, decoding's packed ones
+        nll4, _ = _nll_and_top1(fast, ids, packed_kernels)
+        assert abs(nll4 - nll32) / nll32 < 0.01, (packed_kernels, nll32, nll4)
     fast.model.lm_head.use_fbgemm()
     if fast.model.lm_head.fbgemm:  # where fbgemm runs (models/fbgemm.py): the one-row head too
         nll_rows, top_rows = _nll_and_top1_with_fbgemm_head(fast, ids)
@@ -292,7 +393,7 @@ def test_packed_weights_are_cached_and_loaded_without_the_float_model(
     gguf = tmp_path / "model.gguf"
     shutil.copy(smollm2_path, gguf)
     first = LLM(gguf, dtype="int4")
-    assert (weight_cache.entry_dir(gguf) / f"{FORMAT}.pt").is_file()
+    assert (weight_cache.entry_dir(gguf) / f"{packed_format()}.pt").is_file()
 
     def refuse(*_args, **_kwargs):
         raise AssertionError("a warm int4 load must not read the float32 checkpoint")

@@ -16,7 +16,7 @@ from pellucid.loading.hf_loader import hf_state_dict
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import FORMAT, quantize, share_embedding
+from pellucid.models.quant import packed_format, quantize, share_embedding
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
 
@@ -87,7 +87,7 @@ def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, Lla
     """
     path = Path(path).expanduser()
     metadata = None if path.is_dir() or not path.exists() else weight_cache.load_metadata(path)
-    packed = weight_cache.load_packed(path, FORMAT) if metadata is not None else None
+    packed = weight_cache.load_packed(path, packed_format()) if metadata is not None else None
     if metadata is not None and packed is not None:
         cfg = config_from_gguf(metadata, str(path))
         with torch.device("meta"):
@@ -102,5 +102,5 @@ def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, Lla
     ckpt = read_checkpoint(path)
     model = quantize(build_from_state(ckpt.config, ckpt.state, torch.bfloat16, str(path)))
     if ckpt.gguf_metadata is not None:
-        weight_cache.store_packed(path, FORMAT, model.state_dict())
+        weight_cache.store_packed(path, packed_format(), model.state_dict())
     return ckpt.config, ckpt.gguf_metadata, model

@@ -19,7 +19,10 @@ many decoding rows, which repeats its steps, keeps the dense copies (make_dense)
 
 torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
 blocks of 64 output channels with AVX-512, of 32 with AVX2 (`CHANNEL_BLOCK`); without either,
-matrices stay int8.
+matrices stay int8. On AVX2 without AVX-512, where torch's kernels multiply in float32 and
+decoding fell behind llama.cpp, rows go instead to pellucid's own integer kernels
+(models/rowdot.py): int4 matrices take their layout (Int4DotLinear), int8 ones keep theirs.
+There these beat float32 GEMMs up to ROWDOT_ROWS rows, so no dense copies are kept at all.
 
 The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
 (models/layers.py): one kernel call instead of three or two per layer.
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pellucid.cpu import cpu_flags, native_bf16
-from pellucid.models import fbgemm, unpack
+from pellucid.models import fbgemm, rowdot, unpack
 from pellucid.models.llama import LlamaModel
 
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
@@ -49,16 +52,43 @@ DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (meas
 # ... and above this many, it beats it even counting the time to unpack the matrix first
 # (measured: benchmarks/results/comments.md)
 UNPACK_ROWS = 48
+# rowdot's integer kernel (AVX2) beat float32 GEMMs at every row count measured, up to a
+# 512-token pre-fill (benchmarks/results/comments.md): its layers take it for any count below
+# this, and keep no dense copies
+ROWDOT_ROWS = 1 << 16
 ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or coarser): dense_mm
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
-# the packed model's name in the weight cache: bump when the layout changes (it differs by CPU)
-FORMAT = f"packed-v2-n{CHANNEL_BLOCK or 0}"
+
+
+def packed_format() -> str:
+    """The packed model's name in the weight cache: bump when a layout changes (it differs by
+    CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel)."""
+    return "packed-v3-dot8" if rowdot.available() else f"packed-v2-n{CHANNEL_BLOCK or 0}"
+
+
+def int4_class() -> type[PackedLinear]:
+    """The int4 layer of this machine: rowdot's layout where its kernel is the fast path."""
+    return Int4DotLinear if rowdot.available() else Int4Linear
 
 
 def int4_packable(out_features: int, in_features: int) -> bool:
+    if rowdot.available():
+        return in_features % GROUP == 0 and out_features % 8 == 0
     return (
         CHANNEL_BLOCK is not None and in_features % GROUP == 0 and out_features % CHANNEL_BLOCK == 0
     )
+
+
+def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, in) float32 weights, group by group along the input, each group's min..max mapped
+    onto 0..15: q (out, in) in 0..15, and each group's scale and min (out, in/GROUP), so that
+    w ~ q * scale + min."""
+    out_f, in_f = w.shape
+    groups = w.view(out_f, in_f // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return q.view(out_f, in_f), scale, low
 
 
 class PackedLinear(nn.Module):
@@ -88,7 +118,7 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
         n = rows.shape[0]
-        if n > DENSE_ROWS and (self.dense is not None or n > UNPACK_ROWS):
+        if n > DENSE_ROWS and (self.dense is not None or n > self.packed_rows()):
             y = dense_mm(rows, self.dense_matrix(), self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
@@ -108,6 +138,14 @@ class PackedLinear(nn.Module):
     def pack(self, w: Tensor) -> None:
         """Fill the packed buffers from float32 (out, in) weights."""
         raise NotImplementedError
+
+    def packed_rows(self) -> int:
+        """The most rows the packed kernel multiplies where no dense copy is kept."""
+        return UNPACK_ROWS
+
+    def keeps_dense(self) -> bool:
+        """Whether a batch of many decoding rows should keep a dense copy (make_dense)."""
+        return True
 
     def packed_mm(self, rows: Tensor) -> Tensor:
         raise NotImplementedError
@@ -190,14 +228,8 @@ class Int4Linear(PackedLinear):
         )
 
     def pack(self, w: Tensor) -> None:
-        """Group by group along the input: each group's min..max maps onto 0..15."""
-        out_f, in_f = w.shape
-        groups = w.view(out_f, in_f // GROUP, GROUP)
-        low, high = groups.amin(-1), groups.amax(-1)
-        scale = ((high - low) / 15).clamp(min=1e-12)  # (out, in/GROUP)
-        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
-        q = q.to(torch.int32).view(out_f, in_f)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, INNER_K_TILES)
+        q, scale, low = quantize_groups(w)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.int(), INNER_K_TILES)
         zero = low + 8 * scale
         self.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
 
@@ -226,6 +258,58 @@ class Int4Linear(PackedLinear):
         return (w + zero.t()[..., None]).view(out_f, in_f)
 
 
+class Int4DotLinear(PackedLinear):
+    """4-bit weights in groups of 32 along the input, w = q * scale + min, laid out for rowdot's
+    integer dot products (models/rowdot.c, where it is the fast path: AVX2 without AVX-512):
+    output channels in blocks of 8, one per 32-bit lane, each lane holding 4 inputs of its
+    channel per step (the layout is drawn in rowdot.c)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features)
+        if not (in_features % GROUP == 0 and out_features % 8 == 0):
+            raise ValueError(
+                f"int4 needs in % {GROUP} == 0 and out % 8 == 0, "
+                f"got a {out_features}x{in_features} matrix"
+            )
+        blocks, groups = out_features // 8, in_features // GROUP
+        # (blocks, groups, step, channel * 4 + input): 32 bytes per step of 8 inputs
+        self.register_buffer("packed", torch.empty(blocks, groups, 4, 32, dtype=torch.uint8))
+        # (blocks, groups, scale|min, channel)
+        self.register_buffer("params", torch.empty(blocks, groups, 2, 8, dtype=torch.bfloat16))
+
+    def pack(self, w: Tensor) -> None:
+        q, scale, low = quantize_groups(w)
+        blocks, groups = self.out_features // 8, self.in_features // GROUP
+        # (block, channel, group, step, half, input) -> (block, group, step, half, channel, input)
+        q = q.to(torch.uint8).view(blocks, 8, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+        self.packed = (q[:, :, :, 0] | q[:, :, :, 1] << 4).reshape(blocks, groups, 4, 32)
+        params = torch.stack([scale, low], -1).view(blocks, 8, groups, 2)
+        self.params = params.permute(0, 2, 3, 1).contiguous().bfloat16()
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        return rowdot.int4_rows_mm(rows, self.packed, self.params)
+
+    def packed_rows(self) -> int:
+        return ROWDOT_ROWS
+
+    def keeps_dense(self) -> bool:
+        return False
+
+    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
+        shape = (self.out_features, self.in_features)
+        return unpack.int4_dot_dense(self.packed, self.params, shape, dtype, scratch)
+
+    def dequantize(self) -> Tensor:
+        blocks, groups = self.out_features // 8, self.in_features // GROUP
+        bytes_ = self.packed.view(blocks, groups, 4, 1, 8, 4)
+        q = torch.cat([bytes_ & 15, bytes_ >> 4], 3)  # (block, group, step, half, channel, input)
+        q = q.permute(0, 4, 1, 2, 3, 5).reshape(blocks, 8, groups, GROUP)
+        scale, low = self.params.permute(0, 3, 1, 2).float().unbind(-1)  # (block, channel, group)
+        # in float32, rounded once: q * scale nearly cancels min at the group's zero crossing
+        w = q.float() * scale[..., None] + low[..., None]
+        return w.reshape(self.out_features, self.in_features).bfloat16()
+
+
 class Int8Linear(PackedLinear):
     """8-bit weights with one scale per output channel: for the LM head (it picks the next token
     among the whole vocabulary, and int4 there costs 2.4% of perplexity where int8 costs 0.4%)
@@ -236,6 +320,10 @@ class Int8Linear(PackedLinear):
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
         self.fbgemm = False  # set by use_fbgemm: one row goes to fbgemm
+        self.logits = False  # the LM head: float32 out of the kernels that can
+        # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
+        # groups of 32)
+        self.rowdot = rowdot.available() and out_features % 4 == 0 and in_features % GROUP == 0
 
     def use_fbgemm(self) -> None:
         """Multiply one row by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
@@ -243,6 +331,12 @@ class Int8Linear(PackedLinear):
         nothing changes."""
         if not self.fbgemm:
             self.fbgemm = fbgemm.prepack(self, self.weight, self.scales)
+
+    def packed_rows(self) -> int:
+        return ROWDOT_ROWS if self.rowdot else UNPACK_ROWS
+
+    def keeps_dense(self) -> bool:
+        return not self.rowdot
 
     def pack(self, w: Tensor) -> None:
         scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
@@ -253,6 +347,9 @@ class Int8Linear(PackedLinear):
         if rows.shape[0] == 1 and self.fbgemm:
             # float32: the head's logits are not rounded to bf16 on the way out
             return fbgemm.fbgemm_linear(rows, self.weight)
+        if self.rowdot:
+            y = rowdot.int8_rows_mm(rows, self.weight, self.scales)  # float32
+            return y if self.logits else y.to(rows.dtype)
         if rows.shape[0] == 1 and INDUCTOR_INT8_LOOP and torch.compiler.is_compiling():
             # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
             # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel
@@ -276,10 +373,10 @@ def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> Pa
     Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and cost 22% of perplexity.
     `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
     if kind is not None:
-        return (Int4Linear if kind == "int4" else Int8Linear).from_weight(w, bias)
+        return (int4_class() if kind == "int4" else Int8Linear).from_weight(w, bias)
     if not int4_packable(*w.shape):  # the CPU packing's shape rules
         return Int8Linear.from_weight(w, bias)
-    layer = Int4Linear.from_weight(w, bias)
+    layer = int4_class().from_weight(w, bias)
     err = (layer.dequantize().float() - w.float()).norm() / w.float().norm().clamp(min=1e-12)
     return layer if err < MAX_INT4_ERROR else Int8Linear.from_weight(w, bias)
 
@@ -302,16 +399,17 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
                 key = f"layers.{name}.{child}"
                 setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
     model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
+    model.lm_head.logits = True
     share_embedding(model)
     return model
 
 
 def make_dense(model: LlamaModel) -> None:
-    """Give every packed layer its dense matrix now, kept from then on: for steps of many
-    decoding rows, which repeat (a batch), so that they do not unpack every matrix every step,
-    and for a compiled graph, which must not find a copy missing."""
+    """Give every packed layer that keeps one (not rowdot's) its dense matrix now, kept from
+    then on: for steps of many decoding rows, which repeat (a batch), so that they do not unpack
+    every matrix every step, and for a compiled graph, which must not find a copy missing."""
     for module in model.modules():
-        if isinstance(module, PackedLinear) and module.dense is None:
+        if isinstance(module, PackedLinear) and module.dense is None and module.keeps_dense():
             module.dense = module.unpacked()
 
 

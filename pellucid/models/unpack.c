@@ -1,5 +1,5 @@
-/* Packed weights -> dense matrices, for products of many rows (see unpack.py, which builds this
-   file with -O3 -march=native: the loops below are written for the compiler to vectorize, but
+/* Packed weights -> dense matrices, for products of many rows (see unpack.py; kernels.py builds
+   this file with -O3 -march=native: the loops below are written for the compiler to vectorize, but
    for one written by hand). The output is bf16 (stored as uint16_t, rounded to nearest even) or
    float32. */
 
@@ -92,4 +92,28 @@ void int8_to_dense(const int8_t *restrict weight, const uint16_t *restrict scale
         for (int64_t k = 0; k < in_f; k++)
             store(out, o * in_f + k, (float)weight[o * in_f + k] * scale, bf16);
     }
+}
+
+/* rowdot.c's int4 layout (dot8, drawn there): output channels in blocks of 8; per block, group
+   and step of 8 inputs, 32 bytes whose byte 4c + j holds input j (low nibble) and j + 4 (high)
+   of channel c; the group's 8 bf16 scales, then 8 mins, in params. Writes W (out, in). */
+void int4_dot_to_dense(const uint8_t *restrict packed, const uint16_t *restrict params,
+                       void *restrict out, int64_t out_f, int64_t in_f, int bf16) {
+    const int64_t groups = in_f / 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < out_f / 8; b++)
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *bytes = packed + (b * groups + g) * 128;
+            const uint16_t *p = params + (b * groups + g) * 16;
+            for (int c = 0; c < 8; c++) {
+                const float d = from_bf16(p[c]), m = from_bf16(p[8 + c]);
+                const int64_t at = (b * 8 + c) * in_f + g * 32;
+                for (int s = 0; s < 4; s++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t q = bytes[32 * s + 4 * c + j];
+                        store(out, at + 8 * s + j, (float)(q & 15) * d + m, bf16);
+                        store(out, at + 8 * s + 4 + j, (float)(q >> 4) * d + m, bf16);
+                    }
+            }
+        }
 }

@@ -10,59 +10,27 @@ ops it takes eight passes over the matrix (nibbles, interleave, transpose, conve
 shift) and longer than the 512-row product it feeds; the loop is bound by writing the dense
 matrix out (timings: benchmarks/results/comments.md).
 
-The kernel is compiled with the machine's C compiler (-O3 -march=native, under a second) into
-pellucid's cache, named after its source and the CPU's flags. Where none runs, `available()` is
-False and the layers keep dense copies, as before.
+The kernel is compiled for this CPU at first use (models/kernels.py). Where none runs,
+`available()` is False and the layers keep dense copies instead.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import logging
-import os
-import subprocess
 import threading
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from pellucid.atomic import atomic_path
-from pellucid.cpu import cpu_flags
-from pellucid.weights.cache import cache_root
+from pellucid.models import kernels
 
-SOURCE = Path(__file__).with_name("unpack.c")
-log = logging.getLogger("pellucid")
 # Per thread, one buffer per shape and dtype for matrices unpacked for a single product, rather
 # than fresh pages to fault in for each. Per thread: two engines may pre-fill in two threads.
 _scratch = threading.local()
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(sorted(cpu_flags())).encode())
-    path = cache_root() / "kernels" / f"unpack-{key.hexdigest()[:16]}.so"
-    try:
-        if not path.exists():
-            with atomic_path(path) as tmp:
-                command = [os.environ.get("CC", "cc"), "-O3", "-march=native", "-shared", "-fPIC"]
-                subprocess.run([*command, "-o", str(tmp), str(SOURCE)], check=True, timeout=120,
-                               capture_output=True)  # fmt: skip
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("could not build the unpacking kernel (%s): dense copies are kept", e)
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.int4_to_dense_t.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int]
-    lib.int8_to_dense.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_int]
-    return lib
-
-
 def available() -> bool:
     """Whether the kernel is built (or could be built now)."""
-    return _library() is not None
+    return kernels.library() is not None
 
 
 def int4_dense(
@@ -74,7 +42,7 @@ def int4_dense(
     tensor: the layout the packing unpacks to in order, which a GEMM reads as well as the
     other. `scratch`: in this thread's buffer for the shape, overwritten by the next call
     (for one product, not to keep)."""
-    lib = _library()
+    lib = kernels.library()
     assert lib is not None and packed.is_contiguous() and scales_zeros.is_contiguous()
     out_f, in_f = shape
     out = _empty((in_f, out_f), dtype, scratch)
@@ -85,10 +53,25 @@ def int4_dense(
     return out.t()
 
 
+def int4_dot_dense(
+    packed: Tensor, params: Tensor, shape: tuple[int, int], dtype: torch.dtype,
+    scratch: bool = False,
+) -> Tensor:  # fmt: skip
+    """The (out, in) matrix of rowdot's int4 layout (dot8, drawn in rowdot.c; `scratch`: as
+    for int4_dense)."""
+    lib = kernels.library()
+    assert lib is not None and packed.is_contiguous() and params.is_contiguous()
+    out = _empty(shape, dtype, scratch)
+    lib.int4_dot_to_dense(
+        packed.data_ptr(), params.data_ptr(), out.data_ptr(), *shape, dtype == torch.bfloat16
+    )
+    return out
+
+
 def int8_dense(weight: Tensor, scales: Tensor, dtype: torch.dtype, scratch: bool = False) -> Tensor:
     """The (out, in) matrix of int8 weights with a bf16 scale per output channel (`scratch`:
     as for int4_dense)."""
-    lib = _library()
+    lib = kernels.library()
     assert lib is not None and weight.is_contiguous() and scales.is_contiguous()
     out_f, in_f = weight.shape
     out = _empty((out_f, in_f), dtype, scratch)

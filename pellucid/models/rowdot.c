@@ -1,0 +1,245 @@
+/* Rows times a packed matrix, in 8-bit integer dot products: the products of CPUs where
+   torch's int4 kernel is slow (AVX2, see rowdot.py). Each row is rounded to int8 with a
+   scale per group of 32 inputs (as llama.cpp rounds activations to Q8), then multiplied by
+   4-bit or 8-bit weights in integer arithmetic, 32 products per instruction pair
+   (vpmaddubsw + vpmaddwd), and each group's integer sum is scaled back to float.
+
+   int4 layout ("dot8"): output channels in blocks of 8, one per 32-bit lane of a vector, each
+   lane summing 4 inputs of its channel. For block b, group g (32 inputs) and step s (8 inputs
+   from k = 32g + 8s) there are 32 bytes at packed[((b * in/32 + g) * 4 + s) * 32]: byte
+   4c + j holds input k + j of channel c in its low nibble, input k + 4 + j in its high one.
+   Weights are w = q * d + m, q in 0..15; the group's 8 scales d, then its 8 mins m, are bf16 at
+   params[(b * in/32 + g) * 16].
+   int8 layout: int8 (out, in) rows with one bf16 scale per output channel.
+
+   Rows (n, in) are bf16 or float32, as is the output (n, out). Output channels are shared
+   among OpenMP's threads: the runtime torch itself uses (see kernels.py), so as many as
+   torch.get_num_threads() says. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ROWDOT_AVX2 1
+#endif
+
+#define GROUP 32
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float load(const void *x, int64_t i, int bf16) {
+    return bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+static inline void store(void *y, int64_t i, float v, int bf16) {
+    if (bf16)
+        ((uint16_t *)y)[i] = float_to_bf16(v);
+    else
+        ((float *)y)[i] = v;
+}
+
+/* Row r's group g -> 32 int8 in xq, its scale in dx and in sx the sum of its rounded values
+   (for the int4 weights' offsets m, which multiply the plain sum): the sum of the values as
+   rounded, not as given, so that the product is that of the rounded row with the weights,
+   whose error is smaller than that of a mix of the two (m is as large as the weights).*/
+static void quantize_rows(const void *x, int bf16, int64_t n, int64_t in_f, int8_t *xq, float *dx,
+                          float *sx) {
+    const int64_t groups = in_f / GROUP;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t at = r * in_f + g * GROUP;
+            float v[GROUP], amax = 0.0f;
+            for (int j = 0; j < GROUP; j++) {
+                v[j] = load(x, at + j, bf16);
+                amax = fmaxf(amax, fabsf(v[j]));
+            }
+            const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int32_t sum = 0;
+            for (int j = 0; j < GROUP; j++) {
+                xq[at + j] = (int8_t)lrintf(v[j] * inv);
+                sum += xq[at + j];
+            }
+            dx[r * groups + g] = d;
+            sx[r * groups + g] = d * (float)sum;
+        }
+}
+
+#ifdef ROWDOT_AVX2
+static inline __m256 bf16x8(const uint16_t *p) { /* 8 bf16 -> 8 floats */
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline __m256i broadcast4(const int8_t *x) { /* 4 int8 into every 32-bit lane */
+    int32_t four;
+    memcpy(&four, x, 4);
+    return _mm256_set1_epi32(four);
+}
+
+/* Channel block b (8 channels) for R rows, R a constant where it is called so that the
+   accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx,
+           const float *sx, int64_t in_f, const int R, float out[][8]) {
+    const int64_t groups = in_f / GROUP;
+    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, w += 128, p += 16) {
+        __m256i sum[4];
+        for (int r = 0; r < R; r++)
+            sum[r] = _mm256_setzero_si256();
+        for (int s = 0; s < 4; s++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
+            const __m256i lo = _mm256_and_si256(bytes, nibble);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xq + r * in_f + g * GROUP + 8 * s;
+                /* |2 * 2 * 15 * 127| fits int16: the two halves add before widening */
+                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x)),
+                                                       _mm256_maddubs_epi16(hi, broadcast4(x + 4)));
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        const __m256 d = bf16x8(p), m = bf16x8(p + 8);
+        for (int r = 0; r < R; r++) {
+            const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), scale, acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * groups + g]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm256_storeu_ps(out[r], acc[r]);
+}
+
+/* 4 int8 channels (rows c..c+3 of the matrix) times one row; the channels' scales are applied
+   by the caller. 4 channels at once: independent sums, and the row read once for them. */
+static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
+                             float out[4]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int64_t g = 0; g < in_f / GROUP; g++) {
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + g * GROUP));
+        const __m256 scale = _mm256_set1_ps(dx[g]);
+        for (int c = 0; c < 4; c++) {
+            /* vpmaddubsw wants one side unsigned: |w| times x with w's sign (|2 * 128 * 127| fits) */
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + c * in_f + g * GROUP));
+            /* the next 4 channels: without this, the head's 28 MB (SmolLM2) streamed from memory
+               at half the speed */
+            _mm_prefetch((const char *)(w + (c + 4) * in_f + g * GROUP), _MM_HINT_T0);
+            const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
+            const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            acc[c] = _mm256_fmadd_ps(sum, scale, acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; c++) {
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        out[c] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+}
+#else
+/* The same products in plain C, for CPUs without AVX2 (tests; rowdot.py does not pick these
+   kernels there). */
+static void int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx,
+                       const float *sx, int64_t in_f, const int R, float out[][8]) {
+    const int64_t groups = in_f / GROUP;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 8; c++) {
+            float acc = 0.0f;
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t *bytes = w + g * 128;
+                const int8_t *x = xq + r * in_f + g * GROUP;
+                int32_t sum = 0;
+                for (int s = 0; s < 4; s++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint8_t b = bytes[32 * s + 4 * c + j];
+                        sum += (b & 15) * x[8 * s + j] + (b >> 4) * x[8 * s + 4 + j];
+                    }
+                const uint16_t *pg = p + g * 16;
+                acc += bf16_to_float(pg[c]) * dx[r * groups + g] * (float)sum;
+                acc += bf16_to_float(pg[8 + c]) * sx[r * groups + g];
+            }
+            out[r][c] = acc;
+        }
+}
+
+static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
+                      float out[4]) {
+    for (int c = 0; c < 4; c++) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < in_f / GROUP; g++) {
+            int32_t sum = 0;
+            for (int j = 0; j < GROUP; j++)
+                sum += w[c * in_f + g * GROUP + j] * xq[g * GROUP + j];
+            acc += dx[g] * (float)sum;
+        }
+        out[c] = acc;
+    }
+}
+#endif
+
+void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
+                  void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
+    const int64_t groups = in_f / GROUP;
+    int8_t *xq = malloc(n * in_f);
+    float *dx = malloc(n * groups * sizeof(float)), *sx = malloc(n * groups * sizeof(float));
+    quantize_rows(x, x_bf16, n, in_f, xq, dx, sx);
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < out_f / 8; b++) {
+        const uint8_t *w = packed + b * in_f * 4;
+        const uint16_t *p = params + b * groups * 16;
+        for (int64_t r0 = 0; r0 < n; r0 += 4) { /* 4 rows at a time: the block stays in L1 */
+            float out[4][8];
+            const int64_t at = r0 * groups;
+            const int8_t *xr = xq + r0 * in_f;
+            switch (n - r0 < 4 ? n - r0 : 4) {
+            case 1: int4_block(w, p, xr, dx + at, sx + at, in_f, 1, out); break;
+            case 2: int4_block(w, p, xr, dx + at, sx + at, in_f, 2, out); break;
+            case 3: int4_block(w, p, xr, dx + at, sx + at, in_f, 3, out); break;
+            default: int4_block(w, p, xr, dx + at, sx + at, in_f, 4, out);
+            }
+            for (int64_t r = r0; r < n && r < r0 + 4; r++)
+                for (int c = 0; c < 8; c++)
+                    store(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
+        }
+    }
+    free(xq);
+    free(dx);
+    free(sx);
+}
+
+void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_t *scales,
+                  void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
+    const int64_t groups = in_f / GROUP;
+    int8_t *xq = malloc(n * in_f);
+    float *dx = malloc(n * groups * sizeof(float)), *sx = malloc(n * groups * sizeof(float));
+    quantize_rows(x, x_bf16, n, in_f, xq, dx, sx);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < out_f; c += 4)
+        for (int64_t r = 0; r < n; r++) {
+            float out[4];
+            int8_four(weight + c * in_f, xq + r * in_f, dx + r * groups, in_f, out);
+            for (int i = 0; i < 4; i++)
+                store(y, r * out_f + c + i, out[i] * bf16_to_float(scales[c + i]), y_bf16);
+        }
+    free(xq);
+    free(dx);
+    free(sx);
+}

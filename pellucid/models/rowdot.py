@@ -1,0 +1,99 @@
+"""Rows times a packed matrix by pellucid's own kernel (rowdot.c): the products of CPUs with
+AVX2 but without AVX-512.
+
+Why: there, torch's int4 kernel widens every weight to float and multiplies in float32, 8
+products per instruction; it took ~13 ms of a ~20 ms SmolLM2 token, and decoding fell behind
+llama.cpp's. llama.cpp instead rounds the row to int8 (a scale per 32 inputs) and multiplies in
+8-bit integers, 32 products per instruction pair, as rowdot.c does, on 4-bit weights laid out
+for it (Int4DotLinear, models/quant.py) or on int8 ones (Int8Linear: the LM head). It beat
+float32 GEMMs on many rows too, so there no dense copies are made (quant.ROWDOT_ROWS). Rounding
+the rows costs little accuracy (perplexity within 1% of float32: tests/test_quant.py).
+
+The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm`, so that a
+compiled decode step (torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as
+it calls any other kernel. Where rowdot is the fast path, they are C++ (rowdot_ops.cpp, built at
+first use by kernels.py): a call through Python cost ~20 us, more than some of the products.
+Elsewhere, and where that cannot be built, the Python implementation below calls the same
+kernels; it is registered as the ops' composite implementation, which a CPU one overrides.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from pellucid.cpu import cpu_flags
+from pellucid.models import kernels
+
+
+@functools.cache
+def available() -> bool:
+    """Whether these kernels are the fast path here: AVX2 without AVX-512 (with AVX-512, torch's
+    int4 kernel and fbgemm are measured and kept), and the kernels built."""
+    flags = cpu_flags()
+    if not ({"avx2", "fma"} <= flags and "avx512f" not in flags and kernels.library()):
+        return False
+    kernels.torch_ops()  # the ops in C++ where they build (else the Python implementation)
+    return True
+
+
+# Declared with torch.library's low-level API, as fbgemm.py declares its op (which defines the
+# namespace: this is a fragment of it).
+_LIB = torch.library.Library("pellucid", "FRAGMENT")
+_LIB.define("int4_rows_mm(Tensor rows, Tensor packed, Tensor params) -> Tensor")
+_LIB.define("int8_rows_mm(Tensor rows, Tensor weight, Tensor scales) -> Tensor")
+
+
+def int4_rows_mm(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
+    """rows (n, in) bf16 or float32 -> (n, out) in the rows' dtype: rows @ W.T for W in the
+    dot8 layout (rowdot.c): packed (out/8, in/32, 4, 32) uint8, params (out/8, in/32, 2, 8)
+    bf16."""
+    return torch.ops.pellucid.int4_rows_mm(rows, packed, params)
+
+
+def int8_rows_mm(rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
+    """rows (n, in) bf16 or float32 -> (n, out) float32: rows @ (weight * scales[:, None]).T for
+    int8 weight (out, in) and bf16 scales (out,). float32 out: for the LM head's logits."""
+    return torch.ops.pellucid.int8_rows_mm(rows, weight, scales)
+
+
+def _call(name: str, rows: Tensor, weight: Tensor, params: Tensor, out: Tensor) -> Tensor:
+    rows = rows.contiguous()
+    n, in_f = rows.shape
+    getattr(kernels.library(), name)(
+        rows.data_ptr(), rows.dtype == torch.bfloat16, weight.data_ptr(), params.data_ptr(),
+        out.data_ptr(), out.dtype == torch.bfloat16, n, out.shape[1], in_f,
+    )  # fmt: skip
+    return out
+
+
+def _int4_out(rows: Tensor, packed: Tensor) -> Tensor:
+    return rows.new_empty(rows.shape[0], packed.shape[0] * 8)  # blocks of 8 channels
+
+
+def _int8_out(rows: Tensor, weight: Tensor) -> Tensor:
+    return rows.new_empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+_LIB.impl(
+    "int4_rows_mm",
+    lambda r, p, s: _call("int4_rows_mm", r, p, s, _int4_out(r, p)),
+    "CompositeExplicitAutograd",
+)
+_LIB.impl(
+    "int8_rows_mm",
+    lambda r, w, s: _call("int8_rows_mm", r, w, s, _int8_out(r, w)),
+    "CompositeExplicitAutograd",
+)
+
+
+@torch.library.register_fake("pellucid::int4_rows_mm")
+def _(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
+    return _int4_out(rows, packed)
+
+
+@torch.library.register_fake("pellucid::int8_rows_mm")
+def _(rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
+    return _int8_out(rows, weight)
