@@ -292,6 +292,20 @@ def test_a_trace_of_tokens_and_timings_keeps_its_batch_on_the_compiled_step(smol
         seqs = [llm.engine.add_request(llm.encode(t), p) for t, p in zip(prompts, params)]
         while llm.engine.has_unfinished():
             llm.engine.step()
-        assert [s.output_ids for s in seqs] == untraced
+        if compiled:  # the same graph: the same tokens
+            assert [s.output_ids for s in seqs] == untraced
+        else:  # an eager step rounds bf16 differently: equal up to the first near-tie
+            settled = [_clear_wins(llm, llm.encode(t), u) for t, u in zip(prompts, untraced)]
+            assert min(settled) >= 1, settled  # at least each first token is compared
+            assert all(s.output_ids[:n] == u[:n] for s, u, n in zip(seqs, untraced, settled))
         assert len(seqs[0].trace.trace.steps) == 8  # pre-fill, then 7 decode steps
         assert (decode.steps - before == 7) == compiled, trace
+
+
+def _clear_wins(llm, prompt: list[int], tokens: list[int], gap: float = 0.5) -> int:
+    """How many of a greedy reply's first tokens won by at least `gap` in logit: after a
+    near-tie, steps that round differently may rightly pick the other token."""
+    logits = llm.logits(prompt + tokens[:-1])[len(prompt) - 1 :].float()
+    top2 = logits.topk(2).values
+    close = ((top2[:, 0] - top2[:, 1]) < gap).nonzero()
+    return int(close[0, 0]) if len(close) else len(tokens)
