@@ -30,7 +30,10 @@ def test_generate_says_paris():
 
 
 def test_chat_session_with_reset_and_exit():
-    question = "What is the capital of France?\n"
+    # Not the bare question: its reply starts at a near-tie ("The" over "L" by 0.09 in float32),
+    # which 8-bit rows flip to "L'Étoile, la Marseillaise..." as llama.cpp's own do. Asked for a
+    # sentence, "The" leads by ~1.5 on every path.
+    question = "What is the capital of France? Answer in one sentence.\n"
     script = question + "And of Germany?\n/reset\n" + question + "/exit\n"
     r = pellucid("chat", "--temperature", "0", "--max-tokens", "24", stdin=script)
     assert r.returncode == 0, r.stderr
