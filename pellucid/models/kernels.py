@@ -27,6 +27,7 @@ from pellucid.cpu import cpu_flags
 from pellucid.weights.cache import cache_root
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the libraries' names, not compiled
 OPS_SOURCES = [Path(__file__).with_name("rowdot_ops.cpp"), Path(__file__).with_name("rowdot.c")]
 log = logging.getLogger("pellucid")
 
@@ -77,7 +78,7 @@ def torch_ops() -> bool:
 
 
 def _key(sources: list[Path], *extra: str) -> str:
-    h = hashlib.sha256(b"".join(s.read_bytes() for s in sources))
+    h = hashlib.sha256(b"".join(s.read_bytes() for s in [*sources, *HEADERS]))
     h.update(" ".join([*sorted(cpu_flags()), *extra]).encode())
     return h.hexdigest()[:16]
 

@@ -20,37 +20,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define ROWDOT_AVX2 1
 #endif
 
 #define GROUP 32
-
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float load(const void *x, int64_t i, int bf16) {
-    return bf16 ? bf16_to_float(((const uint16_t *)x)[i]) : ((const float *)x)[i];
-}
-
-static inline void store(void *y, int64_t i, float v, int bf16) {
-    if (bf16)
-        ((uint16_t *)y)[i] = float_to_bf16(v);
-    else
-        ((float *)y)[i] = v;
-}
 
 /* Row r's group g -> 32 int8 in xq, its scale in dx and in sx the sum of its rounded values
    (for the int4 weights' offsets m, which multiply the plain sum): the sum of the values as
@@ -64,7 +41,7 @@ static void quantize_rows(const void *x, int bf16, int64_t n, int64_t in_f, int8
             const int64_t at = r * in_f + g * GROUP;
             float v[GROUP], amax = 0.0f;
             for (int j = 0; j < GROUP; j++) {
-                v[j] = load(x, at + j, bf16);
+                v[j] = load_value(x, at + j, bf16);
                 amax = fmaxf(amax, fabsf(v[j]));
             }
             const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
@@ -76,6 +53,26 @@ static void quantize_rows(const void *x, int bf16, int64_t n, int64_t in_f, int8
             dx[r * groups + g] = d;
             sx[r * groups + g] = d * (float)sum;
         }
+}
+
+/* The rows as rounded by quantize_rows, in buffers of their own. */
+typedef struct {
+    int8_t *q;
+    float *scale, *sum;
+} Rounded;
+
+static Rounded round_rows(const void *x, int bf16, int64_t n, int64_t in_f) {
+    const int64_t groups = in_f / GROUP;
+    Rounded r = {malloc(n * in_f), malloc(n * groups * sizeof(float)),
+                 malloc(n * groups * sizeof(float))};
+    quantize_rows(x, bf16, n, in_f, r.q, r.scale, r.sum);
+    return r;
+}
+
+static void free_rounded(Rounded r) {
+    free(r.q);
+    free(r.scale);
+    free(r.sum);
 }
 
 #ifdef ROWDOT_AVX2
@@ -198,9 +195,9 @@ static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_
 void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
     const int64_t groups = in_f / GROUP;
-    int8_t *xq = malloc(n * in_f);
-    float *dx = malloc(n * groups * sizeof(float)), *sx = malloc(n * groups * sizeof(float));
-    quantize_rows(x, x_bf16, n, in_f, xq, dx, sx);
+    const Rounded rows = round_rows(x, x_bf16, n, in_f);
+    const int8_t *xq = rows.q;
+    const float *dx = rows.scale, *sx = rows.sum;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < out_f / 8; b++) {
         const uint8_t *w = packed + b * in_f * 4;
@@ -217,29 +214,25 @@ void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16
             }
             for (int64_t r = r0; r < n && r < r0 + 4; r++)
                 for (int c = 0; c < 8; c++)
-                    store(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
+                    store_value(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
         }
     }
-    free(xq);
-    free(dx);
-    free(sx);
+    free_rounded(rows);
 }
 
 void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_t *scales,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
     const int64_t groups = in_f / GROUP;
-    int8_t *xq = malloc(n * in_f);
-    float *dx = malloc(n * groups * sizeof(float)), *sx = malloc(n * groups * sizeof(float));
-    quantize_rows(x, x_bf16, n, in_f, xq, dx, sx);
+    const Rounded rows = round_rows(x, x_bf16, n, in_f);
+    const int8_t *xq = rows.q;
+    const float *dx = rows.scale;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < out_f; c += 4)
         for (int64_t r = 0; r < n; r++) {
             float out[4];
             int8_four(weight + c * in_f, xq + r * in_f, dx + r * groups, in_f, out);
             for (int i = 0; i < 4; i++)
-                store(y, r * out_f + c + i, out[i] * bf16_to_float(scales[c + i]), y_bf16);
+                store_value(y, r * out_f + c + i, out[i] * bf16_to_float(scales[c + i]), y_bf16);
         }
-    free(xq);
-    free(dx);
-    free(sx);
+    free_rounded(rows);
 }

@@ -4,31 +4,11 @@
    float32. */
 
 #include <stdint.h>
-#include <string.h>
+
+#include "bf16.h"
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
-
-static inline float from_bf16(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
-
-static inline void store(void *out, int64_t i, float value, int bf16) {
-    if (bf16)
-        ((uint16_t *)out)[i] = to_bf16(value);
-    else
-        ((float *)out)[i] = value;
-}
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 /* One input of a block of 64 channels, by hand: the compiler's own vectors for the loop below
@@ -64,8 +44,8 @@ void int4_to_dense_t(const uint8_t *restrict packed, const uint16_t *restrict sc
             if (k % group == 0) {
                 const uint16_t *sz = scales_zeros + ((k / group) * out_f + b * block) * 2;
                 for (int64_t c = 0; c < block; c++) {
-                    scale[c] = from_bf16(sz[2 * c]);
-                    shift[c] = from_bf16(sz[2 * c + 1]) - 8 * scale[c];
+                    scale[c] = bf16_to_float(sz[2 * c]);
+                    shift[c] = bf16_to_float(sz[2 * c + 1]) - 8 * scale[c];
                 }
             }
             const uint8_t *bytes = packed + (b * in_f + k) * half;
@@ -77,8 +57,8 @@ void int4_to_dense_t(const uint8_t *restrict packed, const uint16_t *restrict sc
             }
 #endif
             for (int64_t c = 0; c < half; c++) {
-                store(out, row + c, (float)(bytes[c] & 15) * scale[c] + shift[c], bf16);
-                store(out, row + half + c, (float)(bytes[c] >> 4) * scale[half + c] + shift[half + c], bf16);
+                store_value(out, row + c, (float)(bytes[c] & 15) * scale[c] + shift[c], bf16);
+                store_value(out, row + half + c, (float)(bytes[c] >> 4) * scale[half + c] + shift[half + c], bf16);
             }
         }
     }
@@ -88,9 +68,9 @@ void int4_to_dense_t(const uint8_t *restrict packed, const uint16_t *restrict sc
 void int8_to_dense(const int8_t *restrict weight, const uint16_t *restrict scales,
                    void *restrict out, int64_t out_f, int64_t in_f, int bf16) {
     for (int64_t o = 0; o < out_f; o++) {
-        const float scale = from_bf16(scales[o]);
+        const float scale = bf16_to_float(scales[o]);
         for (int64_t k = 0; k < in_f; k++)
-            store(out, o * in_f + k, (float)weight[o * in_f + k] * scale, bf16);
+            store_value(out, o * in_f + k, (float)weight[o * in_f + k] * scale, bf16);
     }
 }
 
@@ -106,13 +86,13 @@ void int4_dot_to_dense(const uint8_t *restrict packed, const uint16_t *restrict 
             const uint8_t *bytes = packed + (b * groups + g) * 128;
             const uint16_t *p = params + (b * groups + g) * 16;
             for (int c = 0; c < 8; c++) {
-                const float d = from_bf16(p[c]), m = from_bf16(p[8 + c]);
+                const float d = bf16_to_float(p[c]), m = bf16_to_float(p[8 + c]);
                 const int64_t at = (b * 8 + c) * in_f + g * 32;
                 for (int s = 0; s < 4; s++)
                     for (int j = 0; j < 4; j++) {
                         const uint8_t q = bytes[32 * s + 4 * c + j];
-                        store(out, at + 8 * s + j, (float)(q & 15) * d + m, bf16);
-                        store(out, at + 8 * s + 4 + j, (float)(q >> 4) * d + m, bf16);
+                        store_value(out, at + 8 * s + j, (float)(q & 15) * d + m, bf16);
+                        store_value(out, at + 8 * s + 4 + j, (float)(q >> 4) * d + m, bf16);
                     }
             }
         }
