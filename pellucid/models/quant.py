@@ -71,12 +71,19 @@ def int4_class() -> type[PackedLinear]:
     return Int4DotLinear if rowdot.available() else Int4Linear
 
 
-def int4_packable(out_features: int, in_features: int) -> bool:
-    if rowdot.available():
-        return in_features % GROUP == 0 and out_features % 8 == 0
-    return (
-        CHANNEL_BLOCK is not None and in_features % GROUP == 0 and out_features % CHANNEL_BLOCK == 0
-    )
+def int4_packable(out_features: int, in_features: int, layer: type | None = None) -> bool:
+    """Whether an int4 layer (`layer`, this machine's by default) can hold an (out, in) matrix:
+    whole groups of GROUP inputs, whole blocks of its layout's output channels."""
+    block = (layer or int4_class()).CHANNELS
+    return block is not None and in_features % GROUP == 0 and out_features % block == 0
+
+
+def require_int4_shape(layer: type, out_features: int, in_features: int) -> None:
+    if not int4_packable(out_features, in_features, layer):
+        raise ValueError(
+            f"int4 needs in % {GROUP} == 0 and out % {layer.CHANNELS} == 0, "
+            f"got a {out_features}x{in_features} matrix"
+        )
 
 
 def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -212,13 +219,11 @@ def bucket(n: int) -> int:
 class Int4Linear(PackedLinear):
     """4-bit weights in groups of 32 along the input, for the decoder's projections."""
 
+    CHANNELS = CHANNEL_BLOCK  # output channels per block of the packing (None: no int4 here)
+
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
-        if not int4_packable(out_features, in_features):
-            raise ValueError(
-                f"int4 needs in % {GROUP} == 0 and out % {CHANNEL_BLOCK} == 0, "
-                f"got a {out_features}x{in_features} matrix"
-            )
+        require_int4_shape(Int4Linear, out_features, in_features)
         self.register_buffer(
             "packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8)
         )
@@ -264,13 +269,11 @@ class Int4DotLinear(PackedLinear):
     output channels in blocks of 8, one per 32-bit lane, each lane holding 4 inputs of its
     channel per step (the layout is drawn in rowdot.c)."""
 
+    CHANNELS = 8  # output channels per block: one per 32-bit lane of an AVX2 vector
+
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
-        if not (in_features % GROUP == 0 and out_features % 8 == 0):
-            raise ValueError(
-                f"int4 needs in % {GROUP} == 0 and out % 8 == 0, "
-                f"got a {out_features}x{in_features} matrix"
-            )
+        require_int4_shape(Int4DotLinear, out_features, in_features)
         blocks, groups = out_features // 8, in_features // GROUP
         # (blocks, groups, step, channel * 4 + input): 32 bytes per step of 8 inputs
         self.register_buffer("packed", torch.empty(blocks, groups, 4, 32, dtype=torch.uint8))
