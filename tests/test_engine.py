@@ -275,7 +275,8 @@ def test_the_many_row_package_reads_the_models_dense_copies(smollm2_path):
 def test_a_trace_of_tokens_and_timings_keeps_its_batch_on_the_compiled_step(smollm2_path):
     """A traced request that asks for tokens, sampling stages and timings reads only the step's
     logits, so its batch stays on the step compiled ahead; one that asks for attention runs the
-    step eagerly. Either way the traced request's tokens are its untraced ones."""
+    step eagerly. Either way the traced request's tokens are its untraced ones (the eager step's
+    up to the first near-tie, see _clear_wins)."""
     from pellucid import LLM
     from pellucid.engine import TraceOptions
 
