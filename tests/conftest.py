@@ -9,6 +9,7 @@ collection) or starts processes (marked where it is written).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,12 @@ from pellucid.train.hf_export import export_hf
 from pellucid.train.init import init_weights
 
 DATA = Path(__file__).parent / "data"
-torch.set_num_threads(2)
+# Each pytest-xdist worker takes its share of the cores (`make test` runs 2 workers): two workers
+# of two threads each on 2 cores would oversubscribe them, and every parallel region's barrier
+# would wait on a thread the other worker had descheduled. The processes tests start inherit it.
+THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 REAL_MODELS = {
     *("smollm2", "smollm2_short", "smollm2_path", "gemma3", "model_name", "any_llm"),
     *("smollm2_tok", "gemma3_tok", "hf_folder_copies", "model"),  # test_tokenizer's
