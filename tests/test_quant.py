@@ -45,7 +45,7 @@ NO_KERNEL = "pellucid's C kernels could not be built (no C compiler)"
 # torch's int4 packing (where ATen has a vectorized int4 kernel) and rowdot's (where the kernels
 # build); rowdot's layout is the fast path only on AVX2, but it is tested wherever it runs
 INT4_LAYERS = [
-    pytest.param(Int4Linear, marks=pytest.mark.skipif(quant.CHANNEL_BLOCK is None, reason="no int4 kernel in ATen")),
+    pytest.param(Int4Linear, marks=pytest.mark.skipif(quant.channel_block() is None, reason="no int4 kernel in ATen")),
     pytest.param(Int4DotLinear, marks=pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)),
 ]  # fmt: skip
 
@@ -84,12 +84,12 @@ def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):
     w = torch.randn(192, 128) * 0.05
     shape = tuple(w.shape)
     layers = [Int4DotLinear.from_weight(w)]
-    if quant.CHANNEL_BLOCK is not None:
+    if quant.channel_block() is not None:
         layers.append(Int4Linear.from_weight(w))
     for int4 in layers:
         if isinstance(int4, Int4Linear):
             got = unpack.int4_dense(
-                int4.packed, int4.scales_zeros, shape, quant.CHANNEL_BLOCK, GROUP, dtype
+                int4.packed, int4.scales_zeros, shape, quant.channel_block(), GROUP, dtype
             )
         else:
             got = unpack.int4_dot_dense(int4.packed, int4.params, shape, dtype)
@@ -238,7 +238,7 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
     ]
     bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 7 buckets
     assert bounded < 60, bounded  # MiB
-    if quant.DENSE_DTYPE == torch.bfloat16:  # float32 copies (AVX2): no oneDNN kernel per count
+    if quant.dense_dtype() == torch.bfloat16:  # float32 copies (AVX2): no oneDNN kernel per count
         monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
         unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
         assert unbounded > 4 * bounded, (bounded, unbounded)

@@ -153,7 +153,7 @@ class AotDecode:
         use_fbgemm_head(self.model)  # as when it was built: the graph may call fbgemm for it
         if self.dense:
             make_dense(self.model)
-        # torch's C++ loader directly: the Python wrapper imports the compiler (~1.5 s)
+        # torch's C++ loader directly: the Python wrapper imports the compiler, slower than the load
         loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1, -1)
         own = named_tensors(self.model)
         constants = _stored_constants(self.path)

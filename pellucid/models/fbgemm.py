@@ -83,8 +83,9 @@ def _run(future: Future, fn: Callable, *args: object) -> None:
         future.set_exception(e)
 
 
-# Declared with torch.library's low-level API: a custom_op's kernel imports dynamo (~1.5 s) on
-# its first call, which a process running a step compiled ahead has no other reason to pay.
+# Declared with torch.library's low-level API: a custom_op's kernel imports dynamo on
+# its first call (longer than loading the model), which a process running a step compiled ahead
+# has no other reason to pay.
 _LIB = torch.library.Library("pellucid", "DEF")  # the op is defined once, here
 _LIB.define("fbgemm_linear(Tensor rows, Tensor weight) -> Tensor")
 

@@ -18,7 +18,7 @@ product and drops it after (models/unpack.py), so memory holds one copy of the m
 many decoding rows, which repeats its steps, keeps the dense copies (make_dense).
 
 torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
-blocks of 64 output channels with AVX-512, of 32 with AVX2 (`CHANNEL_BLOCK`); without either,
+blocks of 64 output channels with AVX-512, of 32 with AVX2 (`channel_block()`); without either,
 matrices stay int8. On AVX2 without AVX-512, where torch's kernels multiply in float32 and
 decoding fell behind llama.cpp, rows go instead to pellucid's own integer kernels
 (models/rowdot.py): int4 matrices take their layout (Int4DotLinear), int8 ones keep theirs.
@@ -43,11 +43,6 @@ from pellucid.models.llama import LlamaModel
 
 GROUP = 32  # weights sharing one scale and zero (Q4_1's block size)
 INNER_K_TILES = 8  # the CPU packing's tile parameter
-# output channels interleaved per packed block (see dequantize), by ATen's CPU capability (which
-# ATEN_CPU_CAPABILITY can lower); None: no vectorized int4 kernel, so no int4
-CHANNEL_BLOCK = {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capability())
-DENSE_DTYPE = torch.bfloat16 if native_bf16() else torch.float32
-INDUCTOR_INT8_LOOP = "avx512f" in cpu_flags()  # see Int8Linear.packed_mm
 DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (measured)
 # ... and above this many, it beats it even counting the time to unpack the matrix first
 # (measured: benchmarks/results/comments.md)
@@ -60,10 +55,26 @@ ROW_BUCKET = 32  # many-row products pad their rows to a multiple of this (or co
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 
 
+# What the CPU can do is read at first use, not at import: the layers built then keep what they
+# need of it as attributes (a compiled graph must not call these while it is traced).
+@functools.cache
+def channel_block() -> int | None:
+    """Output channels interleaved per block of torch's int4 packing (see Int4Linear.dequantize),
+    by ATen's CPU capability (which ATEN_CPU_CAPABILITY can lower); None: no vectorized int4
+    kernel, so no int4 in torch's layout."""
+    return {"AVX512": 64, "AVX2": 32}.get(torch.backends.cpu.get_cpu_capability())
+
+
+@functools.cache
+def dense_dtype() -> torch.dtype:
+    """The dtype of dense copies: bf16 where the CPU multiplies it natively, else float32."""
+    return torch.bfloat16 if native_bf16() else torch.float32
+
+
 def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
     CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel)."""
-    return "packed-v3-dot8" if rowdot.available() else f"packed-v2-n{CHANNEL_BLOCK or 0}"
+    return "packed-v3-dot8" if rowdot.available() else f"packed-v2-n{channel_block() or 0}"
 
 
 def int4_class() -> type[PackedLinear]:
@@ -74,14 +85,14 @@ def int4_class() -> type[PackedLinear]:
 def int4_packable(out_features: int, in_features: int, layer: type | None = None) -> bool:
     """Whether an int4 layer (`layer`, this machine's by default) can hold an (out, in) matrix:
     whole groups of GROUP inputs, whole blocks of its layout's output channels."""
-    block = (layer or int4_class()).CHANNELS
+    block = (layer or int4_class()).channels()
     return block is not None and in_features % GROUP == 0 and out_features % block == 0
 
 
 def require_int4_shape(layer: type, out_features: int, in_features: int) -> None:
     if not int4_packable(out_features, in_features, layer):
         raise ValueError(
-            f"int4 needs in % {GROUP} == 0 and out % {layer.CHANNELS} == 0, "
+            f"int4 needs in % {GROUP} == 0 and out % {layer.channels()} == 0, "
             f"got a {out_features}x{in_features} matrix"
         )
 
@@ -161,15 +172,16 @@ class PackedLinear(nn.Module):
         """The bf16 (out, in) matrix, in torch ops: the reference form."""
         raise NotImplementedError
 
-    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
-        """The (out, in) matrix, by the kernel where it runs (models/unpack.py; `scratch`: in a
-        buffer the next unpacking of the same shape overwrites)."""
+    def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
+        """The (out, in) matrix in `dtype` (dense_dtype() by default), by the kernel where it
+        runs (models/unpack.py; `scratch`: in a buffer the next unpacking of the same shape
+        overwrites)."""
         raise NotImplementedError
 
 
 def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
     """rows (n, in) @ w.T for many bf16 rows, n padded up to a bucket (see `bucket`), in w's
-    dtype (DENSE_DTYPE), returned in the rows'.
+    dtype (dense_dtype()), returned in the rows'.
 
     Why: oneDNN builds a kernel for every distinct row count it meets and keeps it (~0.7 MB
     each, up to 1,024 of them). A server meets a new row count with almost every prompt length,
@@ -187,12 +199,13 @@ def dense_mm(rows: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
 
 @functools.cache
 def unpack_dtype() -> torch.dtype:
-    """The dtype of a matrix unpacked for one product: DENSE_DTYPE, unless float32 multiplies a
+    """The dtype of a matrix unpacked for one product: dense_dtype(), unless float32 multiplies a
     pre-fill-sized product markedly faster here, as on a Xeon whose oneDNN is kept off AMX
     (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16), where oneDNN's bf16 GEMM falls behind MKL's float32
-    one (benchmarks/results/comments.md). Kept copies stay DENSE_DTYPE: float32 would double
+    one (benchmarks/results/comments.md). Kept copies stay dense_dtype(): float32 would double
     them. Measured once per process, on a product of a few milliseconds."""
-    if DENSE_DTYPE == torch.float32:
+    dense = dense_dtype()
+    if dense == torch.float32:
         return torch.float32
     x, w = torch.randn(512, 576), torch.randn(1536, 576)
 
@@ -206,7 +219,7 @@ def unpack_dtype() -> torch.dtype:
             times.append(time.perf_counter() - start)
         return min(times)
 
-    return torch.float32 if 1.2 * seconds(torch.float32) < seconds(DENSE_DTYPE) else DENSE_DTYPE
+    return torch.float32 if 1.2 * seconds(torch.float32) < seconds(dense) else dense
 
 
 def bucket(n: int) -> int:
@@ -219,7 +232,10 @@ def bucket(n: int) -> int:
 class Int4Linear(PackedLinear):
     """4-bit weights in groups of 32 along the input, for the decoder's projections."""
 
-    CHANNELS = CHANNEL_BLOCK  # output channels per block of the packing (None: no int4 here)
+    @staticmethod
+    def channels() -> int | None:
+        """Output channels per block of the packing (None: no int4 here)."""
+        return channel_block()
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
@@ -243,20 +259,21 @@ class Int4Linear(PackedLinear):
             rows.contiguous(), self.packed, GROUP, self.scales_zeros
         )
 
-    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
+    def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
+        dtype = dtype or dense_dtype()
         if not unpack.available():  # in the kernel's layout: (in, out), seen transposed
             return self.dequantize().to(dtype).t().contiguous().t()
         shape = (self.out_features, self.in_features)
         return unpack.int4_dense(
-            self.packed, self.scales_zeros, shape, CHANNEL_BLOCK, GROUP, dtype, scratch
+            self.packed, self.scales_zeros, shape, channel_block(), GROUP, dtype, scratch
         )
 
     def dequantize(self) -> Tensor:
-        """The bf16 (out, in) matrix. The CPU packing interleaves blocks of CHANNEL_BLOCK (64)
+        """The bf16 (out, in) matrix. The CPU packing interleaves blocks of channel_block() (64)
         output channels: byte k*32 + c of a block holds channel c (low nibble) and c + 32
         (high) of input k."""
-        out_f, in_f = self.out_features, self.in_features
-        blocks = self.packed.view(out_f // CHANNEL_BLOCK, in_f, CHANNEL_BLOCK // 2)
+        out_f, in_f, block = self.out_features, self.in_features, channel_block()
+        blocks = self.packed.view(out_f // block, in_f, block // 2)
         q = torch.cat([blocks & 15, blocks >> 4], -1).transpose(1, 2).reshape(out_f, in_f)
         scale, zero = self.scales_zeros.unbind(-1)  # (in/GROUP, out) each
         w = (q.view(out_f, -1, GROUP).to(torch.bfloat16) - 8) * scale.t()[..., None]
@@ -269,7 +286,10 @@ class Int4DotLinear(PackedLinear):
     output channels in blocks of 8, one per 32-bit lane, each lane holding 4 inputs of its
     channel per step (the layout is drawn in rowdot.c)."""
 
-    CHANNELS = 8  # output channels per block: one per 32-bit lane of an AVX2 vector
+    @staticmethod
+    def channels() -> int:
+        """Output channels per block: one per 32-bit lane of an AVX2 vector."""
+        return 8
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
@@ -298,9 +318,11 @@ class Int4DotLinear(PackedLinear):
     def keeps_dense(self) -> bool:
         return False
 
-    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
+    def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
         shape = (self.out_features, self.in_features)
-        return unpack.int4_dot_dense(self.packed, self.params, shape, dtype, scratch)
+        return unpack.int4_dot_dense(
+            self.packed, self.params, shape, dtype or dense_dtype(), scratch
+        )
 
     def dequantize(self) -> Tensor:
         blocks, groups = self.out_features // 8, self.in_features // GROUP
@@ -327,6 +349,7 @@ class Int8Linear(PackedLinear):
         # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
         # groups of 32)
         self.rowdot = rowdot.available() and out_features % 4 == 0 and in_features % GROUP == 0
+        self.inductor_loop = "avx512f" in cpu_flags()  # see packed_mm
 
     def use_fbgemm(self) -> None:
         """Multiply one row by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
@@ -353,7 +376,7 @@ class Int8Linear(PackedLinear):
         if self.rowdot:
             y = rowdot.int8_rows_mm(rows, self.weight, self.scales)  # float32
             return y if self.logits else y.to(rows.dtype)
-        if rows.shape[0] == 1 and INDUCTOR_INT8_LOOP and torch.compiler.is_compiling():
+        if rows.shape[0] == 1 and self.inductor_loop and torch.compiler.is_compiling():
             # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
             # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel
             # (measured: benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
@@ -364,7 +387,8 @@ class Int8Linear(PackedLinear):
     def dequantize(self) -> Tensor:
         return self.weight.to(torch.bfloat16) * self.scales[:, None]
 
-    def unpacked(self, dtype: torch.dtype = DENSE_DTYPE, scratch: bool = False) -> Tensor:
+    def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
+        dtype = dtype or dense_dtype()
         if not unpack.available():
             return self.dequantize().to(dtype)
         return unpack.int8_dense(self.weight, self.scales, dtype, scratch)
@@ -428,6 +452,6 @@ def share_embedding(model: LlamaModel) -> None:
     """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
     (Call again after load_state_dict(assign=True) replaces the table.) Where the dense copies
     are float32, the head makes its own, as the decoder's layers do."""
-    if model.cfg.tie_embeddings and DENSE_DTYPE == torch.bfloat16:
+    if model.cfg.tie_embeddings and dense_dtype() == torch.bfloat16:
         # detached: a plain tensor attribute, not a second parameter
         model.lm_head.dense = model.embed_tokens.weight.detach()

@@ -1,6 +1,6 @@
 /* rowdot's kernels as torch ops (pellucid::int4_rows_mm, pellucid::int8_rows_mm, declared in
    rowdot.py): so that a compiled decode step calls them without Python in between, which cost
-   ~20 us a call, more than some of the products. Written against torch's stable ABI, whose
+   more per call than some of the products take (benchmarks/results/comments.md). Written against torch's stable ABI, whose
    headers compile in seconds (kernels.py builds this file with rowdot.c). */
 
 #include <torch/csrc/stable/library.h>

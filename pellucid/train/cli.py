@@ -97,7 +97,8 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
         elif str(f.type) == "bool":
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            p.add_argument(flag, type=kind, default=f.default, help=f"default {f.default}")
+            shown = "this machine's choice" if f.default is None else f.default
+            p.add_argument(flag, type=kind, default=f.default, help=f"default {shown}")
 
 
 def _scalar_type(annotation: Any) -> type:

@@ -16,8 +16,6 @@ from pellucid.cpu import matmul_float
 from pellucid.models.config import ModelConfig
 
 DTYPES = ("bfloat16", "float32")
-# bf16 autocast where the CPU multiplies bf16 natively; elsewhere (AVX2) it is ~100x slower
-DEFAULT_DTYPE = matmul_float()
 ARCHS = ("llama", "gpt2")
 
 
@@ -51,7 +49,9 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # 0 turns clipping off
     # precision and machine
-    dtype: str = DEFAULT_DTYPE  # autocast for matrix work; weights and optimizer stay float32
+    # autocast for matrix work (weights and optimizer stay float32); None: bf16 where the CPU
+    # multiplies it natively, float32 elsewhere (AVX2, where oneDNN's bf16 is ~100x slower)
+    dtype: str | None = None
     threads: int | None = None  # torch threads; None leaves torch's choice
     compile: bool = False  # torch.compile the model: fuses the small element-wise ops (needs a C++
     # compiler; the first steps take longer while it compiles)
@@ -90,6 +90,8 @@ class TrainConfig:
             raise ValueError("dim / n_heads must be even: RoPE rotates pairs of features")
         if self.n_heads % (self.n_kv_heads or self.n_heads):
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads")
+        if self.dtype is None:  # this machine's choice, made here rather than at import
+            self.dtype = matmul_float()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.min_lr <= self.lr:
