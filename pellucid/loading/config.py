@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from pellucid.errors import ModelLoadError
+from pellucid.loading.rope_config import rope_divisors, rope_parameters, rope_theta
 from pellucid.models.config import ARCHITECTURES, ModelConfig
+
+# Hugging Face model types pellucid runs, by the family of modules that runs them
+HF_ARCHS = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "gemma3_text": "gemma3",
+}
 
 
 def hf_config(folder: Path) -> ModelConfig:
@@ -47,6 +57,19 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     gemma, gpt2 = arch == "gemma3", arch == "gpt2"
     eps_key = "attention.layer_norm_epsilon" if gpt2 else "attention.layer_norm_rms_epsilon"
+    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise ModelLoadError(
+            f"{source}: {arch}.rope.scaling.type = {scaling!r} is not supported (pellucid "
+            "implements linear); its positions would be wrong"
+        )
+    rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if rotated != head_dim and not gpt2:
+        raise ModelLoadError(
+            f"{source}: {arch}.rope.dimension_count = {rotated} is not supported (RoPE rotates "
+            f"all {head_dim} features of a head here)"
+        )
+    factor = float(get("rope.scaling.factor")) if scaling == "linear" else None
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -58,6 +81,7 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         ffn_dim=int(get("feed_forward_length")),
         norm_eps=float(get(eps_key)),
         rope_theta=float(get("rope.freq_base", 10_000.0)),
+        rope_divisors=None if factor is None else (factor,) * (head_dim // 2),
         context_length=int(get("context_length")),
         attn_bias=gpt2,  # llama.cpp's GPT-2 always has biases (zeros when trained without)
         # GGUF has no key for the activation: llama.cpp's GPT-2 uses tanh-GELU; pellucid's export
@@ -65,25 +89,27 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         hidden_act=str(get("pellucid.hidden_act", "gelu_new")) if gpt2 else "silu",
         sliding_window=int(get("attention.sliding_window")) if gemma else None,
         global_every=6 if gemma else 0,
+        qk_norm=gemma,
     )
 
 
 def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
-    """Build a ModelConfig from a Hugging Face config.json."""
+    """Build a ModelConfig from a Hugging Face config.json (as transformers 4 or 5 writes it)."""
     model_type = cfg.get("model_type", "")
     if model_type == "gpt2":
         return gpt2_config_from_hf(cfg)
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gemma3_text": "gemma3"}.get(
-        model_type
-    )
+    arch = HF_ARCHS.get(model_type)
     if arch is None:
         raise ModelLoadError(
             f"{source}: model_type {model_type!r} is not supported; "
-            "pellucid loads llama, mistral, qwen2, gemma3_text and gpt2"
+            f"pellucid loads {', '.join([*HF_ARCHS, 'gpt2'])}"
         )
+    refuse_unimplemented(cfg, source)
     n_heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads)
     gemma = arch == "gemma3"
+    rope = rope_parameters(cfg, "full_attention")
+    local = rope_parameters(cfg, "sliding_attention")
     return ModelConfig(
         arch=arch,
         vocab_size=int(cfg["vocab_size"]),
@@ -94,15 +120,43 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         head_dim=head_dim,
         ffn_dim=int(cfg["intermediate_size"]),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", 10_000.0)),
+        rope_theta=rope_theta(rope),
+        rope_divisors=rope_divisors(rope, head_dim, source),
         context_length=int(cfg.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
         attn_bias=model_type == "qwen2",
-        sliding_window=int(cfg["sliding_window"]) if gemma else None,
+        sliding_window=sliding_window(cfg, model_type),
         global_every=int(cfg.get("sliding_window_pattern", 6)) if gemma else 0,
-        rope_local_theta=float(cfg.get("rope_local_base_freq", 10_000.0)),
+        rope_local_theta=float(cfg.get("rope_local_base_freq", rope_theta(local))),
         query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+        qk_norm=gemma or model_type == "qwen3",
     )
+
+
+def sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
+    """The window of the local layers: Gemma 3's (five in six layers) or Mistral's (all)."""
+    if model_type in ("gemma3_text", "mistral") and cfg.get("sliding_window"):
+        return int(cfg["sliding_window"])
+    return None
+
+
+def refuse_unimplemented(cfg: dict[str, Any], source: str) -> None:
+    """A setting that changes the math and that pellucid does not implement is an error naming
+    it: a model that loads must compute what its authors' code computes."""
+
+    def refuse(key: str, why: str) -> None:
+        raise ModelLoadError(f"{source}: {key} = {cfg[key]!r} is not supported ({why})")
+
+    act = cfg.get("hidden_act", cfg.get("hidden_activation"))
+    if cfg.get("model_type") != "gemma3_text" and act not in (None, "silu"):
+        refuse("hidden_act", "this family's MLP is SiLU-gated")
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key) and cfg.get("model_type") != "qwen2":
+            refuse(key, "biases on these projections are not loaded")
+    if cfg.get("use_sliding_window"):
+        refuse("use_sliding_window", "Qwen's per-layer windows are not implemented")
+    if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        refuse("partial_rotary_factor", "RoPE rotates every feature of a head here")
 
 
 def gpt2_config_from_hf(cfg: dict[str, Any]) -> ModelConfig:

@@ -12,6 +12,7 @@ import re
 import torch
 from torch import Tensor
 
+from pellucid.errors import ModelLoadError
 from pellucid.loading.fused import fuse
 from pellucid.models.config import ModelConfig
 from pellucid.weights.gguf_file import GGUFFile
@@ -69,6 +70,11 @@ def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
 
 def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
     """All tensors of the file, dequantized to float32, under our module names."""
+    if "rope_freqs.weight" in gguf.tensor_names():  # Llama 3.1's scaling, as llama.cpp keeps it
+        raise ModelLoadError(
+            f"{gguf.path}: per-frequency rope scaling (the rope_freqs tensor, Llama 3.1+) is not "
+            "supported from GGUF yet; load the model's Hugging Face folder instead"
+        )
     state: dict[str, Tensor] = {}
     for name in gguf.tensor_names():
         ours = our_name(name, cfg.arch)

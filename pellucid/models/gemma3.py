@@ -27,13 +27,7 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class GemmaAttention(Attention):
-    def __init__(self, cfg: ModelConfig, layer: int):
-        super().__init__(cfg, layer)
-        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
-
-    def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return self.q_norm(q), self.k_norm(k)
+    norm_class = GemmaRMSNorm  # of the Q/K norms (cfg.qk_norm, always set for Gemma 3)
 
 
 class GemmaMLP(MLP):
@@ -74,5 +68,7 @@ class Gemma3Model(LlamaModel):
         return int(self.cfg.is_sliding(layer))
 
     def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
-        theta = self.cfg.rope_local_theta if self.cfg.is_sliding(layer) else self.cfg.rope_theta
-        return rope_cos_sin(positions, self.cfg.head_dim, theta)
+        cfg = self.cfg
+        if cfg.is_sliding(layer):  # local layers: their own base, never scaled
+            return rope_cos_sin(positions, cfg.head_dim, cfg.rope_local_theta)
+        return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_divisors)

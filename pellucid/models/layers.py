@@ -50,6 +50,8 @@ class Attention(nn.Module):
     n_heads query heads share n_kv_heads key/value heads (GQA), which keeps the KV cache small.
     """
 
+    norm_class: type[RMSNorm] = RMSNorm  # of the per-head Q/K norms, where cfg.qk_norm
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
@@ -64,6 +66,10 @@ class Attention(nn.Module):
         # loading/fused.py), so one multiply instead of three
         self.qkv_proj = nn.Linear(cfg.dim, q_size + 2 * kv_size, bias=cfg.attn_bias)
         self.o_proj = nn.Linear(q_size, cfg.dim, bias=self.output_bias(cfg))
+        if cfg.qk_norm:  # each head's queries and keys scaled to one RMS (Qwen3, Gemma 3)
+            self.q_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def output_bias(self, cfg: ModelConfig) -> bool:
         return False  # Qwen2's biases are on Q/K/V only
@@ -73,7 +79,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return q, k  # Gemma 3 normalizes each head here
+        return (self.q_norm(q), self.k_norm(k)) if self.qk_norm else (q, k)
 
     def forward(
         self,

@@ -1,4 +1,4 @@
-"""The Llama family decoder (SmolLM2, Llama, Mistral, Qwen2 layouts): the model pellucid serves and trains.
+"""The Llama family decoder (SmolLM2, Llama, Mistral, Qwen2/3 layouts): the model pellucid serves and trains.
 
 One `forward(ids, positions, ctx)` for both uses: with a ForwardContext it reads and extends the KV
 cache (inference); with `ctx=None` it attends within the given tokens only (training, recompute).
@@ -72,7 +72,9 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(ids)
 
     def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
-        return rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        return rope_cos_sin(
+            positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_divisors
+        )
 
     def hidden_states(
         self, ids: Tensor, positions: Tensor, ctx: ForwardContext | None = None

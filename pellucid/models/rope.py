@@ -10,9 +10,14 @@ import torch
 from torch import Tensor
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos and sin tables for `positions` (T,) -> two (T, head_dim) float32 tensors."""
+def rope_cos_sin(
+    positions: Tensor, head_dim: int, theta: float, divisors: tuple[float, ...] | None = None
+) -> tuple[Tensor, Tensor]:
+    """cos and sin tables for `positions` (T,) -> two (T, head_dim) float32 tensors. `divisors`
+    (head_dim/2,): a long-context model's rope scaling, dividing each pair's frequency."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if divisors is not None:
+        inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float32)
     freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, head_dim/2)
     angles = torch.cat((freqs, freqs), dim=-1)  # (T, head_dim)
     return angles.cos(), angles.sin()

@@ -29,6 +29,11 @@ def hf_config(cfg: ModelConfig) -> dict:
         return gpt2_hf_config(cfg)
     if cfg.arch != "llama":
         raise ValueError(f"export writes llama and gpt2 models; this one is {cfg.arch}")
+    if cfg.qk_norm or cfg.rope_divisors or cfg.sliding_window or cfg.attn_bias:
+        raise ValueError(
+            "export writes plain Llama models: this one has Q/K norms, rope scaling, a sliding "
+            "window or biases, which its config.json would not record"
+        )
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -1,0 +1,80 @@
+"""RoPE's settings from a Hugging Face config.json: the base (theta) and how a long-context model
+stretches its frequencies (rope scaling), in either of the two forms the files come in.
+
+transformers 4 writes `rope_theta` and `rope_scaling` at the top level; transformers 5 writes one
+`rope_parameters` dict holding both (Gemma 3: one per layer type). Scaling is turned into one
+divisor per rotated pair of features (ModelConfig.rope_divisors), which is also how llama.cpp
+stores Llama 3's (its `rope_freqs` tensor):
+- "linear": every frequency divided by `factor` (positions squeezed by it);
+- "llama3": low frequencies (wavelengths past original_context / low_freq_factor) divided by
+  `factor`, high ones (wavelengths under original_context / high_freq_factor) kept, and the
+  band between blended linearly in original_context / wavelength.
+Any other kind (YaRN, LongRoPE, dynamic NTK) changes the math in ways not implemented here: an
+error naming it, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pellucid.errors import ModelLoadError
+
+SUPPORTED = ("default", "linear", "llama3")
+
+
+def rope_parameters(cfg: dict[str, Any], layer_type: str | None = None) -> dict[str, Any]:
+    """The RoPE dict of a config (for `layer_type`, e.g. "full_attention", where it has one per
+    type), with `rope_theta` in it: transformers 5's `rope_parameters`, or 4's top-level keys."""
+    params = cfg.get("rope_parameters")
+    if params is None:  # transformers 4
+        params = dict(cfg.get("rope_scaling") or {})
+        if "rope_theta" in cfg:
+            params["rope_theta"] = cfg["rope_theta"]
+    elif layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    return params
+
+
+def rope_theta(params: dict[str, Any], default: float = 10_000.0) -> float:
+    return float(params.get("rope_theta", default))
+
+
+def rope_divisors(params: dict[str, Any], head_dim: int, source: str) -> tuple[float, ...] | None:
+    """One divisor per frequency of `head_dim` rotated features (None: no scaling)."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in SUPPORTED:
+        raise ModelLoadError(
+            f"{source}: rope scaling {kind!r} is not supported (pellucid implements "
+            f"{', '.join(SUPPORTED[1:])}); its positions would be wrong"
+        )
+    factor = float(params["factor"])
+    if kind == "linear":
+        return (factor,) * (head_dim // 2)
+    return llama3_divisors(
+        head_dim,
+        rope_theta(params),
+        factor,
+        float(params["low_freq_factor"]),
+        float(params["high_freq_factor"]),
+        float(params["original_max_position_embeddings"]),
+    )
+
+
+def llama3_divisors(
+    head_dim: int, theta: float, factor: float, low: float, high: float, context: float
+) -> tuple[float, ...]:
+    """Llama 3.1's scaling as divisors of the base frequencies theta^(-2i/head_dim)."""
+    divisors = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * theta ** (i / head_dim)
+        if wavelength < context / high:  # fast rotations: kept
+            divisors.append(1.0)
+        elif wavelength > context / low:  # slow ones: stretched by the whole factor
+            divisors.append(factor)
+        else:  # between: 1 / divisor blends 1 / factor and 1 by how many turns fit the context
+            smooth = (context / wavelength - low) / (high - low)
+            divisors.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(divisors)
