@@ -105,6 +105,22 @@ def test_encode_matches_llama_cpp(model: Model, parse_special: bool) -> None:
     assert wrong == []
 
 
+def test_tokens_llama_cpp_knows_by_spelling_tokenize_and_stop_as_there(model: Model) -> None:
+    """llama.cpp retypes tokens by their spelling: Gemma 3's `</s>`, user-defined in the file,
+    becomes a control token (left as text without parse_special) that ends generation, and
+    SmolLM2's `<reponame>` ends it too. Its ids for texts holding such spellings and its
+    end-of-generation ids, as llama-cpp-python 0.3.36 gave them (tests/data/llama_cpp_vocab.json,
+    written by tests/data/make_llama_cpp_vocab.py)."""
+    reference = json.loads((DATA / "llama_cpp_vocab.json").read_text(encoding="utf-8"))
+    expected = reference["models"][{"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}[model.name]]
+    for text in expected["texts"]:
+        for parse_special in (False, True):
+            ids = model.tokenizer.encode(text["text"], parse_special=parse_special)
+            key = SPECIAL_KEY[parse_special]
+            assert ids == text[key], (text["text"], parse_special)
+    assert sorted(model.tokenizer.eos_ids) == expected["eog_ids"]
+
+
 def test_encode_matches_llama_cpp_where_hf_does_not(smollm2_tok: Model) -> None:
     # SmolLM2's digit rule and Gemma's user-defined pieces are where HF's GGUF tokenizer goes wrong.
     disagree = smollm2_tok.reference["checks"]["tokenization_hf_disagreements_parse_special_true"]

@@ -4,6 +4,7 @@
 SentencePiece-style BPE whose GGUF keeps no merges, so they are derived from the piece scores.
 Control tokens become special added tokens and user-defined ones (Gemma's runs of spaces, HTML
 tags) plain added tokens: both are matched whole, longest first, before the rest is tokenized.
+Token types are first corrected as llama.cpp corrects them by the tokens' spelling (spellings.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tokenizers import AddedToken, decoders, models, normalizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from pellucid.errors import ModelLoadError
+from pellucid.tokenizer import spellings
 from pellucid.tokenizer.parts import (
     TokenizerParts,
     byte_level_piece,
@@ -51,7 +53,9 @@ class GGUFVocab:
     bos_id: int | None
     eos_id: int | None
     unk_id: int | None
-    extra_eos_ids: tuple[int, ...]  # end-of-turn / end-of-message ids the GGUF names
+    # what else ends generation: the end-of-turn / end-of-message ids the GGUF names, and the
+    # tokens llama.cpp stops on by their spelling (tokenizer/spellings.py)
+    extra_eos_ids: tuple[int, ...]
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool
@@ -74,6 +78,8 @@ class GGUFVocab:
         _check_lengths(model, tokens, types, merges, scores)
         pre = _pre_name(model, metadata)
         ids = {key: _token_id(metadata, key, n) for key in ("bos", "eos", "unknown", "eot", "eom")}
+        named_stops = {ids[key] for key in ("eos", "eot", "eom") if ids[key] is not None}
+        types, stops = spellings.retype(tokens, types, metadata, named_stops)
         # llama.cpp's defaults where a flag is absent: SentencePiece and Llama 3 add BOS.
         flag = {
             name: bool(metadata.get(f"tokenizer.ggml.{name}", default))
@@ -93,7 +99,7 @@ class GGUFVocab:
             bos_id=ids["bos"],
             eos_id=ids["eos"],
             unk_id=ids["unknown"],
-            extra_eos_ids=tuple(i for i in (ids["eot"], ids["eom"]) if i is not None),
+            extra_eos_ids=tuple(sorted(stops)),
             add_bos=flag["add_bos_token"],
             add_eos=flag["add_eos_token"],
             add_space_prefix=flag["add_space_prefix"],
