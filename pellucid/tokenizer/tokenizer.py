@@ -121,7 +121,9 @@ class Tokenizer:
         )
 
     def save_hf_folder(self, folder: Path) -> None:
-        """Write tokenizer.json and tokenizer_config.json (read by `from_hf_folder`, transformers)."""
+        """Write tokenizer.json and tokenizer_config.json (read by `from_hf_folder`, transformers),
+        and the ids that end generation as generation_config.json's eos_token_id (its other
+        keys, where the file exists, are kept)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(folder / "tokenizer.json"))
@@ -135,6 +137,10 @@ class Tokenizer:
         (folder / "tokenizer_config.json").write_text(
             json.dumps(config, indent=2, ensure_ascii=False)
         )
+        generation = folder / "generation_config.json"
+        kept = json.loads(generation.read_text()) if generation.is_file() else {}
+        kept["eos_token_id"] = sorted(self.eos_ids)
+        generation.write_text(json.dumps(kept, indent=2) + "\n")
 
     def _strips_first_space(self, first: int, skip_special: bool) -> bool:
         """SentencePiece put a space before the text when encoding; llama.cpp drops it again from the
