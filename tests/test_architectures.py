@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pellucid import LLM, SamplingParams
 from pellucid.errors import ModelLoadError
 from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
+from pellucid.train.gguf_export import export_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -126,3 +127,35 @@ def test_unimplemented_settings_fail_at_load_naming_the_key(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(config | {key: value}))
         with pytest.raises(ModelLoadError, match=named):
             LLM(tmp_path, dtype="float32")
+
+
+def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
+    """Llama 3.1's scaling in a GGUF is the converter's `rope_freqs` tensor (one divisor per
+    frequency), and this model's head is its own (`output.weight`; a GGUF load used to take the
+    embedding instead): exported there, pellucid reads back transformers' logits, from the file and
+    from the weight cache, on the float32 path and the fast one; llama.cpp, where installed
+    (`make bench`), computes the same logits from the file."""
+    model = hf_model("llama3")
+    model.save_pretrained(tmp_path / "hf")
+    save_tokenizer(byte_tokenizer(), tmp_path / "hf")
+    path = export_gguf(
+        LLM(tmp_path / "hf", dtype="float32").model, tmp_path / "hf", tmp_path / "m.gguf"
+    )
+    expected = hf_logits(model, IDS)
+    for _ in ("converted", "from the cache"):
+        assert torch.allclose(LLM(path, dtype="float32").logits(IDS), expected, atol=1e-4, rtol=0)
+        fast = LLM(path).logits(IDS)
+        assert (
+            F.cosine_similarity(
+                fast.flatten() - fast.mean(), expected.flatten() - expected.mean(), dim=0
+            )
+            > 0.995
+        )
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    ref = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    ref.eval(IDS)
+    theirs = torch.tensor(ref.scores[: len(IDS)])
+    # llama.cpp's own float32 kernels: ~2e-3 off transformers here with or without the scaling
+    # (these weights are large); read without rope_freqs, its logits were off by more than 1
+    assert torch.allclose(theirs, expected, atol=5e-3, rtol=0), (theirs - expected).abs().max()

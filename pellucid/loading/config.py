@@ -11,6 +11,11 @@ from pellucid.errors import ModelLoadError
 from pellucid.loading.rope_config import rope_divisors, rope_parameters, rope_theta
 from pellucid.models.config import ARCHITECTURES, ModelConfig
 
+# Facts about a GGUF's tensors that its config needs, added to its metadata at load under
+# pellucid's own keys (gguf_loader.metadata_with_tensor_facts)
+OUTPUT_WEIGHT_KEY = "pellucid.output_weight"  # True: an LM head of its own, not the embedding
+ROPE_FREQS_KEY = "pellucid.rope_freqs"  # the rope_freqs tensor: Llama 3.1's scaling
+
 # Hugging Face model types pellucid runs, by the family of modules that runs them
 HF_ARCHS = {
     "llama": "llama",
@@ -57,19 +62,6 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     gemma, gpt2 = arch == "gemma3", arch == "gpt2"
     eps_key = "attention.layer_norm_epsilon" if gpt2 else "attention.layer_norm_rms_epsilon"
-    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
-    if scaling not in ("none", "linear"):
-        raise ModelLoadError(
-            f"{source}: {arch}.rope.scaling.type = {scaling!r} is not supported (pellucid "
-            "implements linear); its positions would be wrong"
-        )
-    rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
-    if rotated != head_dim and not gpt2:
-        raise ModelLoadError(
-            f"{source}: {arch}.rope.dimension_count = {rotated} is not supported (RoPE rotates "
-            f"all {head_dim} features of a head here)"
-        )
-    factor = float(get("rope.scaling.factor")) if scaling == "linear" else None
     return ModelConfig(
         arch=arch,
         vocab_size=int(vocab),
@@ -81,8 +73,10 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         ffn_dim=int(get("feed_forward_length")),
         norm_eps=float(get(eps_key)),
         rope_theta=float(get("rope.freq_base", 10_000.0)),
-        rope_divisors=None if factor is None else (factor,) * (head_dim // 2),
+        rope_divisors=None if gpt2 else gguf_rope_divisors(meta, arch, head_dim, source),
         context_length=int(get("context_length")),
+        # without the key (metadata read on its own), tied as the two default models are
+        tie_embeddings=not meta.get(OUTPUT_WEIGHT_KEY, False),
         attn_bias=gpt2,  # llama.cpp's GPT-2 always has biases (zeros when trained without)
         # GGUF has no key for the activation: llama.cpp's GPT-2 uses tanh-GELU; pellucid's export
         # records an exact-GELU model's choice under its own key.
@@ -91,6 +85,36 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         global_every=6 if gemma else 0,
         qk_norm=gemma,
     )
+
+
+def gguf_rope_divisors(
+    meta: dict[str, Any], arch: str, head_dim: int, source: str
+) -> tuple[float, ...] | None:
+    """Rope scaling from GGUF: a linear factor (a key), per-frequency divisors (the rope_freqs
+    tensor, ROPE_FREQS_KEY), or both, which llama.cpp multiplies. Other kinds, and RoPE over
+    part of a head, are errors naming the key."""
+    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise ModelLoadError(
+            f"{source}: {arch}.rope.scaling.type = {scaling!r} is not supported (pellucid "
+            "implements linear); its positions would be wrong"
+        )
+    rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if rotated != head_dim:
+        raise ModelLoadError(
+            f"{source}: {arch}.rope.dimension_count = {rotated} is not supported (RoPE rotates "
+            f"all {head_dim} features of a head here)"
+        )
+    freqs = meta.get(ROPE_FREQS_KEY)
+    linear = float(meta[f"{arch}.rope.scaling.factor"]) if scaling == "linear" else None
+    if freqs is None:
+        return None if linear is None else (linear,) * (head_dim // 2)
+    if len(freqs) != head_dim // 2:
+        raise ModelLoadError(
+            f"{source}: rope_freqs has {len(freqs)} entries; heads of {head_dim} features need "
+            f"{head_dim // 2}"
+        )
+    return tuple(float(f) * (linear or 1.0) for f in freqs)
 
 
 def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:

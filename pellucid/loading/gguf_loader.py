@@ -8,11 +8,12 @@ stores Gemma's norm weights as (1 + w).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from pellucid.errors import ModelLoadError
+from pellucid.loading.config import OUTPUT_WEIGHT_KEY, ROPE_FREQS_KEY
 from pellucid.loading.fused import fuse
 from pellucid.models.config import ModelConfig
 from pellucid.weights.gguf_file import GGUFFile
@@ -61,6 +62,18 @@ def our_name(gguf_name: str, arch: str) -> str | None:
     return f"layers.{layer}.{mapped}.{kind}" if mapped else None
 
 
+def metadata_with_tensor_facts(gguf: GGUFFile) -> dict[str, Any]:
+    """The file's metadata plus what its config needs from its tensors rather than its keys:
+    whether it has an LM head of its own (`output.weight`; absent, the embedding is the head)
+    and Llama 3.1's rope scaling as llama.cpp's converter stores it (`rope_freqs`, one divisor
+    per rotated pair of features). Kept as metadata, the weight cache stores them with it."""
+    names = set(gguf.tensor_names())
+    facts: dict[str, Any] = {OUTPUT_WEIGHT_KEY: "output.weight" in names}
+    if "rope_freqs.weight" in names:
+        facts[ROPE_FREQS_KEY] = gguf.tensor("rope_freqs.weight").flatten().tolist()
+    return gguf.metadata | facts
+
+
 def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
     """Invert llama.cpp's Q/K row permutation (interleaved pairs -> rotate-half halves)."""
     rows = w.shape[0]
@@ -70,11 +83,6 @@ def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
 
 def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
     """All tensors of the file, dequantized to float32, under our module names."""
-    if "rope_freqs.weight" in gguf.tensor_names():  # Llama 3.1's scaling, as llama.cpp keeps it
-        raise ModelLoadError(
-            f"{gguf.path}: per-frequency rope scaling (the rope_freqs tensor, Llama 3.1+) is not "
-            "supported from GGUF yet; load the model's Hugging Face folder instead"
-        )
     state: dict[str, Tensor] = {}
     for name in gguf.tensor_names():
         ours = our_name(name, cfg.arch)

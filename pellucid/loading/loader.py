@@ -11,7 +11,7 @@ from torch import Tensor
 
 from pellucid.errors import ModelLoadError
 from pellucid.loading.config import config_from_gguf, hf_config
-from pellucid.loading.gguf_loader import gguf_state_dict
+from pellucid.loading.gguf_loader import gguf_state_dict, metadata_with_tensor_facts
 from pellucid.loading.hf_loader import hf_state_dict
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
@@ -41,10 +41,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         metadata, state = cached
         return Checkpoint(path, config_from_gguf(metadata, str(path)), state, metadata)
     gguf = GGUFFile(path)
-    cfg = config_from_gguf(gguf.metadata, str(path))
+    metadata = metadata_with_tensor_facts(gguf)
+    cfg = config_from_gguf(metadata, str(path))
     state = gguf_state_dict(gguf, cfg)
-    weight_cache.store(path, gguf.metadata, state)
-    return Checkpoint(path, cfg, state, gguf.metadata)
+    weight_cache.store(path, metadata, state)
+    return Checkpoint(path, cfg, state, metadata)
 
 
 def build_from_state(

@@ -83,6 +83,10 @@ def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
     cfg = model.cfg
     if cfg.arch not in ("llama", "gpt2"):
         raise ValueError(f"GGUF export writes llama and gpt2 models; this one is {cfg.arch}")
+    if cfg.qk_norm or cfg.sliding_window or (cfg.attn_bias and cfg.arch == "llama"):
+        raise ValueError(
+            "GGUF export writes Llama models without Q/K norms, sliding windows or biases"
+        )
     with atomic_path(path) as tmp:
         writer = gguf.GGUFWriter(str(tmp), cfg.arch)
         _add_hyperparameters(writer, cfg, path.stem)
@@ -130,6 +134,8 @@ def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel) -> None:
         elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
             t = permute_rope(t, cfg.n_kv_heads)
         writer.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
+    if cfg.rope_divisors is not None:  # Llama 3.1's scaling, as llama.cpp's converter writes it
+        writer.add_tensor("rope_freqs.weight", np.asarray(cfg.rope_divisors, dtype=np.float32))
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter, folder: Path) -> None:

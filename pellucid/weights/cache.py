@@ -28,7 +28,7 @@ from torch import Tensor
 
 from pellucid.atomic import atomic_path
 
-CACHE_VERSION = 2  # bump when gguf_state_dict or the metadata reading changes what it returns
+CACHE_VERSION = 3  # bump when gguf_state_dict or the metadata reading changes what it returns
 
 
 def cache_root() -> Path:
