@@ -171,9 +171,9 @@ def refuse_unimplemented(cfg: dict[str, Any], source: str) -> None:
     def refuse(key: str, why: str) -> None:
         raise ModelLoadError(f"{source}: {key} = {cfg[key]!r} is not supported ({why})")
 
-    act = cfg.get("hidden_act", cfg.get("hidden_activation"))
-    if cfg.get("model_type") != "gemma3_text" and act not in (None, "silu"):
-        refuse("hidden_act", "this family's MLP is SiLU-gated")
+    for key in ("hidden_act", "hidden_activation"):
+        if cfg.get("model_type") != "gemma3_text" and cfg.get(key) not in (None, "silu"):
+            refuse(key, "this family's MLP is SiLU-gated")
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key) and cfg.get("model_type") != "qwen2":
             refuse(key, "biases on these projections are not loaded")

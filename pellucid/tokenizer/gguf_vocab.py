@@ -28,11 +28,10 @@ from pellucid.tokenizer.parts import (
     sentencepiece_piece,
 )
 from pellucid.tokenizer.pre_tokenizers import LLAMA3_FAMILY, byte_level_pre_tokenizer, regexes_for
+from pellucid.tokenizer.token_types import BYTE, CONTROL, NORMAL, UNKNOWN, USER_DEFINED
 
 log = logging.getLogger(__name__)
 
-# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # What pellucid's export writes as the merges of a char/byte vocabulary, which has none: llama.cpp
 # needs the key, the gguf writer refuses an empty array, and no symbol can ever equal these parts.
 NO_MERGES = "<no-merges> <no-merges>"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # tokenizer.ggml.token_type values
+from pellucid.tokenizer.token_types import CONTROL, NORMAL, USER_DEFINED
 
 END_OF_GENERATION = (
     *("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>"),
