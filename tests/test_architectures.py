@@ -1,5 +1,5 @@
 """The families people bring (Llama 3 with its rope scaling, Qwen2's biases, Qwen3's Q/K norms,
-Mistral's sliding window), checked against transformers itself: each is a small random-weight
+Mistral's sliding window, Phi-3's fused checkpoints and window), checked against transformers itself: each is a small random-weight
 model built with transformers' own classes (their configs need no download), saved as a Hugging
 Face folder, and loaded by pellucid from that folder as a user would."""
 
@@ -45,6 +45,7 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1_000_000.0}, None),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}, None),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}, {"sliding_window": None}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 12, "pad_token_id": 0}, {"sliding_window": None, "pad_token_id": 0}),
 }  # fmt: skip
 IDS = [(7 * i * i + 3 * i + 11) % 256 for i in range(40)]  # longer than Mistral's window
 
@@ -122,7 +123,8 @@ def test_unimplemented_settings_fail_at_load_naming_the_key(tmp_path):
         ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, "'yarn'"),
         ("hidden_act", "gelu", "hidden_act"),
         ("mlp_bias", True, "mlp_bias"),
-        ("partial_rotary_factor", 0.5, "partial_rotary_factor"),
+        ("partial_rotary_factor", 0.5, "partial_rotary_factor"),  # transformers 4's place
+        ("rope_parameters", {"rope_theta": 1e4, "partial_rotary_factor": 0.75}, "partial_rotary"),
     ]:
         (tmp_path / "config.json").write_text(json.dumps(config | {key: value}))
         with pytest.raises(ModelLoadError, match=named):

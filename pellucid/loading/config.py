@@ -22,6 +22,7 @@ HF_ARCHS = {
     "mistral": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
+    "phi3": "llama",  # its checkpoints hold Q/K/V and gate/up fused, as pellucid's layers do
     "gemma3_text": "gemma3",
 }
 
@@ -158,8 +159,9 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
 
 
 def sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:
-    """The window of the local layers: Gemma 3's (five in six layers) or Mistral's (all)."""
-    if model_type in ("gemma3_text", "mistral") and cfg.get("sliding_window"):
+    """The window of the local layers: Gemma 3's (five in six layers), Mistral's or Phi-3's
+    (all of them)."""
+    if model_type in ("gemma3_text", "mistral", "phi3") and cfg.get("sliding_window"):
         return int(cfg["sliding_window"])
     return None
 

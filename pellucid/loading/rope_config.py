@@ -42,6 +42,11 @@ def rope_theta(params: dict[str, Any], default: float = 10_000.0) -> float:
 
 def rope_divisors(params: dict[str, Any], head_dim: int, source: str) -> tuple[float, ...] | None:
     """One divisor per frequency of `head_dim` rotated features (None: no scaling)."""
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # where transformers 5 keeps it
+        raise ModelLoadError(
+            f"{source}: partial_rotary_factor = {params['partial_rotary_factor']} is not "
+            "supported (RoPE rotates every feature of a head here)"
+        )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return None
