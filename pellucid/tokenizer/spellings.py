@@ -35,6 +35,7 @@ FILL_IN_THE_MIDDLE = {
     "fim_sep": ("<|file_sep|>",),
 }  # fmt: skip
 FIM_STOPS = ("fim_pad", "fim_rep", "fim_sep")
+OLD_KEYS = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "middle"}  # deprecated names
 ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
@@ -51,8 +52,11 @@ def retype(
             types[index[token]] = CONTROL
     for role, spellings in FILL_IN_THE_MIDDLE.items():
         role_id = metadata.get(f"tokenizer.ggml.{role}_token_id")
-        if role_id is None:  # llama.cpp takes the first spelling its hash map yields: in
-            found = [index[t] for t in spellings if t in index]  # practice there is one
+        if role_id is None and role in OLD_KEYS:
+            role_id = metadata.get(f"tokenizer.ggml.{OLD_KEYS[role]}_token_id")
+        if role_id is None:
+            # llama.cpp takes the first spelling its hash map yields; vocabularies have one
+            found = [index[t] for t in spellings if t in index]
             if not found:
                 continue
             role_id = found[0]
