@@ -15,7 +15,7 @@ import torch
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
-from pellucid.models import fbgemm, kernels, quant, rowdot, unpack
+from pellucid.models import dense, fbgemm, kernels, quant, rowdot, unpack
 from pellucid.models.quant import (
     GROUP,
     Int4DotLinear,
@@ -226,7 +226,7 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
             got = layer(x[:n, : layer.in_features]).float()
             # (up to UNPACK_ROWS, the packed kernel, whose rows are rounded to 8 bits on AVX2)
             torch.testing.assert_close(got, want[:n], atol=0.04, rtol=0.02)
-    assert [quant.bucket(n) for n in (9, 32, 33, 129, 200, 257, 300, 512)] == [
+    assert [dense.bucket(n) for n in (9, 32, 33, 129, 200, 257, 300, 512)] == [
         32,
         32,
         64,
@@ -238,8 +238,8 @@ def test_many_row_products_keep_no_kernel_per_row_count(monkeypatch):
     ]
     bounded = growth_over_row_counts(range(9, 309, 2))  # 150 counts in 7 buckets
     assert bounded < 60, bounded  # MiB
-    if quant.dense_dtype() == torch.bfloat16:  # float32 copies (AVX2): no oneDNN kernel per count
-        monkeypatch.setattr(quant, "ROW_BUCKET", 1)  # no padding: what the bound is for
+    if dense.dense_dtype() == torch.bfloat16:  # float32 copies (AVX2): no oneDNN kernel per count
+        monkeypatch.setattr(dense, "ROW_BUCKET", 1)  # no padding: what the bound is for
         unbounded = growth_over_row_counts(range(10, 310, 2))  # 150 new counts
         assert unbounded > 4 * bounded, (bounded, unbounded)
 
