@@ -1,6 +1,6 @@
 """Tokenizer: text to token ids and back, as llama.cpp does it, on Hugging Face `tokenizers`.
 
-tok = Tokenizer.from_gguf_metadata(GGUFFile(path).metadata)  # or .from_hf_folder(folder)
+tok = Tokenizer.from_gguf(path)  # a model's GGUF, or a vocabulary-only one; or .from_hf_folder
 ids = tok.encode("Hello", add_special=True)  # BOS first if the model wants one
 tok.decode(ids), tok.id_to_piece(ids[-1]), tok.apply_chat_template(messages)
 """
@@ -21,6 +21,7 @@ from pellucid.tokenizer.gguf_vocab import GGUFVocab, build_hf_tokenizer, tokeniz
 from pellucid.tokenizer.hf_folder import read_hf_folder
 from pellucid.tokenizer.parts import TokenizerParts
 from pellucid.tokenizer.tokenizer_cache import load_or_build
+from pellucid.weights.gguf_file import read_metadata
 
 
 class Tokenizer:
@@ -50,6 +51,12 @@ class Tokenizer:
         vocab = GGUFVocab.from_metadata(metadata)
         hf = load_or_build(vocab.fingerprint(), lambda: build_hf_tokenizer(vocab), cache_dir)
         return cls(tokenizer_parts(vocab, hf))
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+        """The tokenizer of a GGUF file: a model's, or a vocabulary-only file such as llama.cpp's
+        tokenizer tests use (only its metadata is read)."""
+        return cls.from_gguf_metadata(read_metadata(path), cache_dir)
 
     @classmethod
     def from_hf_folder(cls, folder: Path) -> Tokenizer:
