@@ -1,4 +1,4 @@
-"""Open a GGUF file with the `gguf` package: metadata as plain Python values, tensors as torch.
+"""Open a GGUF file: metadata as plain Python values, tensors as torch (gguf's dequantization).
 
 GGUF stores shapes innermost-first ([in, out] for a linear layer); `tensor()` returns the
 PyTorch order ([out, in]) dequantized to float32.
@@ -6,15 +6,17 @@ PyTorch order ([out, in]) dequantized to float32.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from pellucid.errors import ModelLoadError
+from pellucid.weights.gguf_header import GGUFFormatError, TensorEntry, read_header
 
 SUPPORTED_TYPES = {
     GGMLQuantizationType.F32,
@@ -36,13 +38,10 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._reader = _open_reader(self.path)
-        self.metadata: dict[str, Any] = {
-            key: _field_value(field)
-            for key, field in self._reader.fields.items()
-            if not key.startswith("GGUF.")
-        }
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.metadata, tensors = _read(self.path)
+        self._tensors: dict[str, TensorEntry] = {t.name: t for t in tensors}
+        if len(self._tensors) != len(tensors):
+            raise ModelLoadError(f"{self.path}: a tensor name appears twice; the file is corrupt")
         self._check_tensor_types()
 
     @property
@@ -64,7 +63,7 @@ class GGUFFile:
         if name not in self._tensors:
             raise ModelLoadError(f"{self.path}: tensor {name!r} is missing from the GGUF file")
         t = self._tensors[name]
-        shape = tuple(int(d) for d in reversed(t.shape))
+        shape = tuple(reversed(t.dims))
         try:
             data = dequantize(t.data, t.tensor_type)
         except Exception as e:  # the gguf package raises plain errors on short data
@@ -75,7 +74,7 @@ class GGUFFile:
         return torch.from_numpy(data).reshape(shape)
 
     def _check_tensor_types(self) -> None:
-        for t in self._reader.tensors:
+        for t in self._tensors.values():
             if t.tensor_type not in SUPPORTED_TYPES:
                 supported = ", ".join(sorted(q.name for q in SUPPORTED_TYPES))
                 raise ModelLoadError(
@@ -89,7 +88,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return GGUFFile(path).metadata
 
 
-def _open_reader(path: Path) -> GGUFReader:
+def _read(path: Path) -> tuple[dict[str, Any], list[TensorEntry]]:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file")
     with open(path, "rb") as f:
@@ -99,16 +98,9 @@ def _open_reader(path: Path) -> GGUFReader:
             f"{path}: not a GGUF file (it starts with {magic!r}, a GGUF file starts with b'GGUF')"
         )
     try:
-        return GGUFReader(path, "r")
-    except Exception as e:  # the gguf package raises ValueError/IndexError on short files
+        return read_header(path)
+    except (GGUFFormatError, struct.error, ValueError, UnicodeDecodeError) as e:
         raise ModelLoadError(
             f"{path}: the GGUF file is truncated or corrupt ({type(e).__name__}: {e}); "
             "download or assemble it again"
         ) from e
-
-
-def _field_value(field: Any) -> Any:
-    value = field.contents()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
