@@ -19,6 +19,10 @@ from pellucid.errors import ModelLoadError
 from pellucid.weights.gguf_header import GGUFFormatError, TensorEntry, read_header
 
 SUPPORTED_TYPES = {
+    GGMLQuantizationType.Q2_K,
+    GGMLQuantizationType.Q3_K,
+    GGMLQuantizationType.IQ4_NL,
+    GGMLQuantizationType.IQ4_XS,
     GGMLQuantizationType.F32,
     GGMLQuantizationType.F16,
     GGMLQuantizationType.BF16,
