@@ -34,11 +34,14 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+# Qwen2.5's long-context setting (YaRN): its 512 positions stretched from 128
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
 # name: (config class, model class, settings, settings without the feature under test or None)
 FAMILIES = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500_000.0, "rope_scaling": LLAMA3}, {"rope_theta": 500_000.0}),
     "llama-linear": ("LlamaConfig", "LlamaForCausalLM", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1_000_000.0}, None),
+    "qwen2-yarn": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_theta": 1_000_000.0, "rope_scaling": YARN}, {"rope_theta": 1_000_000.0}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}, None),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}, {"sliding_window": None}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 12, "pad_token_id": 0}, {"sliding_window": None, "pad_token_id": 0}),

@@ -76,7 +76,11 @@ def test_unimplemented_settings_fail_at_load_naming_the_key(tmp_path):
     save_tokenizer(byte_tokenizer(), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     for key, value, named in [
-        ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, "'yarn'"),
+        (
+            "rope_parameters",
+            {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4},
+            "'dynamic'",
+        ),
         ("hidden_act", "gelu", "hidden_act"),
         ("mlp_bias", True, "mlp_bias"),
         ("partial_rotary_factor", 0.5, "partial_rotary_factor"),  # transformers 4's place

@@ -4,11 +4,19 @@ Face config.json."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from pellucid.errors import ModelLoadError
-from pellucid.loading.rope_config import rope_divisors, rope_parameters, rope_theta
+from pellucid.loading.rope_config import (
+    rope_divisors,
+    rope_kind,
+    rope_parameters,
+    rope_theta,
+    yarn_attention_factor,
+    yarn_divisors,
+)
 from pellucid.models.config import ModelConfig
 
 # Facts about a GGUF's tensors that its config needs, added to its metadata at load under
@@ -95,6 +103,7 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         sliding_window=gguf_sliding_window(meta, arch),
         global_every=6 if gemma else 0,
         qk_norm=gemma or arch == "qwen3",
+        query_scale=None if gemma or gpt2 else gguf_query_scale(meta, arch, head_dim),
     )
 
 
@@ -110,13 +119,14 @@ def gguf_rope_divisors(
     meta: dict[str, Any], arch: str, head_dim: int, source: str
 ) -> tuple[float, ...] | None:
     """Rope scaling from GGUF: a linear factor (a key), per-frequency divisors (the rope_freqs
-    tensor, ROPE_FREQS_KEY), or both, which llama.cpp multiplies. Other kinds, and RoPE over
-    part of a head, are errors naming the key."""
-    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
-    if scaling not in ("none", "linear"):
+    tensor, ROPE_FREQS_KEY), or both, which llama.cpp multiplies; or YaRN's keys. Other kinds,
+    and RoPE over part of a head, are errors naming the key."""
+    key = f"{arch}.rope.scaling."
+    scaling = str(meta.get(key + "type", "none"))
+    if scaling not in ("none", "linear", "yarn"):
         raise ModelLoadError(
-            f"{source}: {arch}.rope.scaling.type = {scaling!r} is not supported (pellucid "
-            "implements linear); its positions would be wrong"
+            f"{source}: {key}type = {scaling!r} is not supported (pellucid implements linear "
+            "and yarn); its positions would be wrong"
         )
     rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     if rotated != head_dim:
@@ -124,8 +134,10 @@ def gguf_rope_divisors(
             f"{source}: {arch}.rope.dimension_count = {rotated} is not supported (RoPE rotates "
             f"all {head_dim} features of a head here)"
         )
+    if scaling == "yarn":
+        return gguf_yarn_divisors(meta, arch, head_dim, source)
     freqs = meta.get(ROPE_FREQS_KEY)
-    linear = float(meta[f"{arch}.rope.scaling.factor"]) if scaling == "linear" else None
+    linear = float(meta[key + "factor"]) if scaling == "linear" else None
     if freqs is None:
         return None if linear is None else (linear,) * (head_dim // 2)
     if len(freqs) != head_dim // 2:
@@ -134,6 +146,41 @@ def gguf_rope_divisors(
             f"{head_dim // 2}"
         )
     return tuple(float(f) * (linear or 1.0) for f in freqs)
+
+
+# YaRN settings llama.cpp's converter may write that pellucid does not implement (DeepSeek's
+# log multiplier, a changed extrapolation mix, an explicit attention factor)
+YARN_UNREAD = ("yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor")
+
+
+def gguf_yarn_divisors(
+    meta: dict[str, Any], arch: str, head_dim: int, source: str
+) -> tuple[float, ...]:
+    key = f"{arch}.rope.scaling."
+    if arch == "gemma3":  # its scale would reach the local layers too
+        raise ModelLoadError(f"{source}: {key}type = 'yarn' is not supported for Gemma 3")
+    for name in YARN_UNREAD:
+        if key + name in meta:
+            raise ModelLoadError(f"{source}: {key}{name} is not supported with yarn scaling")
+    return yarn_divisors(
+        head_dim,
+        float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
+        float(meta[key + "factor"]),
+        float(meta[key + "original_context_length"]),
+        float(meta.get(key + "yarn_beta_fast", 32.0)),
+        float(meta.get(key + "yarn_beta_slow", 1.0)),
+    )
+
+
+def gguf_query_scale(meta: dict[str, Any], arch: str, head_dim: int) -> float | None:
+    """The factor llama.cpp puts on cos and sin, folded into the softmax scale: the file's
+    rope.scaling.attn_factor, times YaRN's 0.1 ln(factor) + 1 where it scales that way."""
+    key = f"{arch}.rope.scaling."
+    attention_factor = float(meta.get(key + "attn_factor", 1.0))
+    factor = float(meta.get(key + "factor", 1.0))
+    if meta.get(key + "type") == "yarn" and factor > 1:
+        attention_factor *= 0.1 * math.log(factor) + 1.0
+    return yarn_query_scale(head_dim, attention_factor)
 
 
 def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
@@ -153,6 +200,10 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
     gemma = arch == "gemma3"
     rope = rope_parameters(cfg, "full_attention")
     local = rope_parameters(cfg, "sliding_attention")
+    context = int(cfg.get("max_position_embeddings", 2048))
+    if gemma and rope_kind(rope) == "yarn":  # its scale would reach the local layers too
+        raise ModelLoadError(f"{source}: rope scaling 'yarn' is not supported for Gemma 3")
+    attention_factor = yarn_attention_factor(rope, context)
     return ModelConfig(
         arch=arch,
         vocab_size=int(cfg["vocab_size"]),
@@ -164,16 +215,26 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         ffn_dim=int(cfg["intermediate_size"]),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta(rope),
-        rope_divisors=rope_divisors(rope, head_dim, source),
-        context_length=int(cfg.get("max_position_embeddings", 2048)),
+        rope_divisors=rope_divisors(rope, head_dim, context, source),
+        context_length=context,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
         attn_bias=model_type == "qwen2",
         sliding_window=sliding_window(cfg, model_type),
         global_every=int(cfg.get("sliding_window_pattern", 6)) if gemma else 0,
         rope_local_theta=float(cfg.get("rope_local_base_freq", rope_theta(local))),
-        query_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5 if gemma else None,
+        query_scale=(
+            float(cfg["query_pre_attn_scalar"]) ** -0.5
+            if gemma
+            else yarn_query_scale(head_dim, attention_factor)
+        ),
         qk_norm=gemma or model_type == "qwen3",
     )
+
+
+def yarn_query_scale(head_dim: int, attention_factor: float) -> float | None:
+    """The softmax scale with YaRN's factor on cos and sin folded in (squared: it scales both q
+    and k); None, the plain head_dim ** -0.5, without one."""
+    return None if attention_factor == 1.0 else head_dim**-0.5 * attention_factor**2
 
 
 def sliding_window(cfg: dict[str, Any], model_type: str) -> int | None:

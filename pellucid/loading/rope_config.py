@@ -8,9 +8,13 @@ stores Llama 3's (its `rope_freqs` tensor):
 - "linear": every frequency divided by `factor` (positions squeezed by it);
 - "llama3": low frequencies (wavelengths past original_context / low_freq_factor) divided by
   `factor`, high ones (wavelengths under original_context / high_freq_factor) kept, and the
-  band between blended linearly in original_context / wavelength.
-Any other kind (YaRN, LongRoPE, dynamic NTK) changes the math in ways not implemented here: an
-error naming it, never a silent fallback.
+  band between blended linearly in original_context / wavelength;
+- "yarn" (Qwen2.5, Qwen3): the same three bands, bounded by how many turns a pair makes over the
+  original context (beta_fast and beta_slow), blended linearly in the pair's index; YaRN also
+  scales cos and sin by an attention factor, which multiplies every q.k by its square: that goes
+  into the softmax scale (`yarn_query_scale`).
+Any other kind (LongRoPE, dynamic NTK) changes the math in ways not implemented here: an error
+naming it, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from pellucid.errors import ModelLoadError
 
-SUPPORTED = ("default", "linear", "llama3")
+SUPPORTED = ("default", "linear", "llama3", "yarn")
 
 
 def rope_parameters(cfg: dict[str, Any], layer_type: str | None = None) -> dict[str, Any]:
@@ -40,20 +44,38 @@ def rope_theta(params: dict[str, Any], default: float = 10_000.0) -> float:
     return float(params.get("rope_theta", default))
 
 
-def rope_divisors(params: dict[str, Any], head_dim: int, source: str) -> tuple[float, ...] | None:
-    """One divisor per frequency of `head_dim` rotated features (None: no scaling)."""
+def rope_kind(params: dict[str, Any]) -> str:
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def rope_divisors(
+    params: dict[str, Any], head_dim: int, max_positions: int, source: str
+) -> tuple[float, ...] | None:
+    """One divisor per frequency of `head_dim` rotated features (None: no scaling);
+    `max_positions` is the model's context, YaRN's original one where its parameters lack it."""
     if float(params.get("partial_rotary_factor", 1.0)) != 1.0:  # where transformers 5 keeps it
         raise ModelLoadError(
             f"{source}: partial_rotary_factor = {params['partial_rotary_factor']} is not "
             "supported (RoPE rotates every feature of a head here)"
         )
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = rope_kind(params)
     if kind == "default":
         return None
     if kind not in SUPPORTED:
         raise ModelLoadError(
             f"{source}: rope scaling {kind!r} is not supported (pellucid implements "
             f"{', '.join(SUPPORTED[1:])}); its positions would be wrong"
+        )
+    if kind == "yarn":
+        context = params.get("original_max_position_embeddings") or max_positions
+        return yarn_divisors(
+            head_dim,
+            rope_theta(params),
+            float(params.get("factor") or max_positions / context),
+            float(context),
+            float(params.get("beta_fast") or 32),
+            float(params.get("beta_slow") or 1),
+            truncate=bool(params.get("truncate", True)),
         )
     factor = float(params["factor"])
     if kind == "linear":
@@ -83,3 +105,51 @@ def llama3_divisors(
             smooth = (context / wavelength - low) / (high - low)
             divisors.append(1.0 / ((1 - smooth) / factor + smooth))
     return tuple(divisors)
+
+
+def yarn_divisors(
+    head_dim: int,
+    theta: float,
+    factor: float,
+    context: float,
+    beta_fast: float,
+    beta_slow: float,
+    *,
+    truncate: bool = True,
+) -> tuple[float, ...]:
+    """YaRN's frequencies as divisors: pairs that turn more than beta_fast times over the original
+    context keep theirs, pairs that turn fewer than beta_slow times are divided by `factor`, and
+    the pairs between blend the two inverse frequencies linearly in their index."""
+
+    def pair_turning(turns: float) -> float:  # the (fractional) pair index that turns `turns` times
+        return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    divisors = []
+    for i in range(head_dim // 2):
+        interpolated = min(max((i - low) / (high - low), 0.0), 1.0)  # 0: kept, 1: divided
+        divisors.append(1.0 / ((1 - interpolated) + interpolated / factor))
+    return tuple(divisors)
+
+
+def yarn_attention_factor(params: dict[str, Any], max_positions: int) -> float:
+    """How much YaRN scales cos and sin: the config's attention_factor, else 0.1 ln(factor) + 1
+    (with DeepSeek's mscale / mscale_all_dim, the ratio of two such), 1 for other kinds."""
+    if rope_kind(params) != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    context = params.get("original_max_position_embeddings") or max_positions
+    factor = float(params.get("factor") or max_positions / context)
+
+    def mscale(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return mscale(float(params["mscale"])) / mscale(float(params["mscale_all_dim"]))
+    return mscale(1.0)
