@@ -274,8 +274,32 @@ def run_models(args: argparse.Namespace) -> int:
             print(f"  from package {entry.package}: {entry.path()}")
         else:
             print(f"  not installed; {entry.install}")
-    print("Any local GGUF file or Hugging Face folder (config.json + *.safetensors) works too.")
+    print("Any local GGUF file or Hugging Face folder (config.json + *.safetensors) works too:")
+    print_supported()
     return 0
+
+
+def print_supported() -> None:
+    """The families, tokenizers and weight types pellucid loads, and how each was checked."""
+    from rich.console import Console
+    from rich.table import Column, Table
+
+    from pellucid.loading.supported import FAMILIES, LLAMA_CPP_VOCABS, NOT_YET
+    from pellucid.weights.gguf_file import SUPPORTED_TYPES
+
+    family = Column("family", no_wrap=True)
+    table = Table(family, "config.json / GGUF", "implemented", "checked against")
+    for f in FAMILIES:
+        table.add_row(
+            f.name, f"{', '.join(f.hf_model_types)} / {', '.join(f.gguf_archs)}", f.what, f.checked
+        )
+    console = Console()
+    console.print(table)
+    weights = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+    console.print(f"GGUF weights: {weights}", soft_wrap=True)
+    vocabs = ", ".join(LLAMA_CPP_VOCABS)
+    console.print(f"Tokenizers passing llama.cpp's own tests: {vocabs}", soft_wrap=True)
+    console.print(f"Not yet: {NOT_YET}", soft_wrap=True)
 
 
 def run_compile(args: argparse.Namespace) -> int:

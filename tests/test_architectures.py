@@ -18,6 +18,8 @@ from families import FAMILIES, GGUF_SETTINGS, IDS, PROMPTS, converted, hf_logits
 
 from pellucid import LLM, SamplingParams
 from pellucid.errors import ModelLoadError
+from pellucid.loading.config import GGUF_ARCHS, HF_ARCHS
+from pellucid.loading.supported import FAMILIES as SUPPORTED
 from pellucid.train import gguf_export
 from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
 
@@ -67,6 +69,13 @@ def test_batched_greedy_equals_alone_and_the_fast_path_follows(family):
     nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (reference, fast))
     assert abs(fast_nll - nll) < 0.01 * nll
     assert centred_cosine(fast, reference) > 0.995
+
+
+def test_the_supported_list_names_what_the_loaders_accept():
+    """`pellucid models` and the README list SUPPORTED's families: exactly the model types and
+    GGUF architectures the loaders take."""
+    assert {t for f in SUPPORTED for t in f.hf_model_types} == {*HF_ARCHS, "gpt2"}
+    assert {a for f in SUPPORTED for a in f.gguf_archs} == set(GGUF_ARCHS)
 
 
 def test_unimplemented_settings_fail_at_load_naming_the_key(tmp_path):

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from pellucid.loading.supported import FAMILIES
+
 pytestmark = pytest.mark.slow  # every test starts `pellucid` and loads SmolLM2
 
 
@@ -67,3 +69,6 @@ def test_models_lists_the_catalog():
     r = pellucid("models")
     assert r.returncode == 0
     assert "smollm2-135m (default)" in r.stdout and "gemma3-270m" in r.stdout
+    for family in FAMILIES:  # and what else loads, with how it was checked
+        assert family.name in r.stdout
+    assert "IQ4_XS" in r.stdout and "qwen35" in r.stdout

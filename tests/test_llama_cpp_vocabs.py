@@ -9,26 +9,13 @@ import pytest
 from llama_cpp_source import vocab_cases, vocab_files
 
 from pellucid.errors import ModelLoadError
+from pellucid.loading.supported import LLAMA_CPP_VOCABS
 from pellucid.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow  # downloads llama.cpp's source from the package index
 
 # The vocabularies pellucid claims (README, `pellucid models`): every case must pass
-CLAIMED = [
-    "command-r",
-    "deepseek-coder",
-    "deepseek-llm",
-    "falcon",
-    "gpt-2",
-    "llama-bpe",
-    "llama-spm",
-    "mpt",
-    "phi-3",
-    "qwen2",
-    "qwen35",
-    "refact",
-    "starcoder",
-]
+CLAIMED = list(LLAMA_CPP_VOCABS)
 # Those it does not, with what the load error names
 UNCLAIMED = {"bert-bge": "'bert'", "gemma-4": "'gemma4'"}
 
