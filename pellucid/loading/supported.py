@@ -71,12 +71,13 @@ FAMILIES = (
 )
 
 # llama.cpp's vocabulary-only GGUFs (models/ggml-vocab-*) whose tokenizer tests pass in full
-# (test_llama_cpp_vocabs); its other vocabularies (bert, gemma4) are refused by name
+# (test_llama_cpp_vocabs); its other one (bert) is refused by name
 LLAMA_CPP_VOCABS = (
     "command-r",
     "deepseek-coder",
     "deepseek-llm",
     "falcon",
+    "gemma-4",
     "gpt-2",
     "llama-bpe",
     "llama-spm",

@@ -1,7 +1,8 @@
 """Read a GGUF's tokenizer metadata the way llama.cpp does and build a `tokenizers` object from it.
 
 'gpt2' vocabularies are byte-level BPE split by llama.cpp's pre-tokenizer regexes; 'llama' ones are
-SentencePiece-style BPE whose GGUF keeps no merges, so they are derived from the piece scores.
+SentencePiece-style BPE whose GGUF keeps no merges, so they are derived from the piece scores;
+'gemma4' ones are BPE with merges over '▁'-escaped text, split only at newlines.
 Control tokens become special added tokens and user-defined ones (Gemma's runs of spaces, HTML
 tags) plain added tokens: both are matched whole, longest first, before the rest is tokenized.
 Token types are first corrected as llama.cpp corrects them by the tokens' spelling (spellings.py).
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import tokenizers
-from tokenizers import AddedToken, decoders, models, normalizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from pellucid.errors import ModelLoadError
@@ -43,7 +44,7 @@ CACHE_FORMAT = "pellucid-gguf-tokenizer-1"
 class GGUFVocab:
     """The tokenizer fields of GGUF metadata, checked, with llama.cpp's defaults filled in."""
 
-    model: str  # 'gpt2': byte-level BPE; 'llama': SentencePiece-style BPE
+    model: str  # 'gpt2': byte-level BPE, 'llama': SentencePiece-style BPE, or 'gemma4'
     pre: str
     tokens: list[str]
     token_types: list[int]
@@ -63,7 +64,7 @@ class GGUFVocab:
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> GGUFVocab:
         model = metadata.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise ModelLoadError(_unsupported_model(model))
         tokens = list(metadata.get("tokenizer.ggml.tokens") or [])
         if not tokens:
@@ -83,11 +84,13 @@ class GGUFVocab:
         flag = {
             name: bool(metadata.get(f"tokenizer.ggml.{name}", default))
             for name, default in [
-                ("add_bos_token", model == "llama" or pre in LLAMA3_FAMILY),
+                ("add_bos_token", model in ("llama", "gemma4") or pre in LLAMA3_FAMILY),
                 ("add_eos_token", False),
                 ("add_space_prefix", model == "llama"),
             ]
         }
+        if model == "gemma4":  # llama.cpp adds Gemma 4's BOS whatever the file says
+            flag["add_bos_token"] = True
         return cls(
             model=model,
             pre=pre,
@@ -120,7 +123,8 @@ class GGUFVocab:
 
 def build_hf_tokenizer(vocab: GGUFVocab) -> HFTokenizer:
     """The `tokenizers` object that encodes like llama.cpp (seconds for 262k tokens: cache it)."""
-    hf = _byte_level_bpe(vocab) if vocab.model == "gpt2" else _sentencepiece_bpe(vocab)
+    build = {"gpt2": _byte_level_bpe, "gemma4": _escaped_bpe, "llama": _sentencepiece_bpe}
+    hf = build[vocab.model](vocab)
     # llama.cpp matches control/unknown tokens only with parse_special, user-defined ones always.
     hf.add_special_tokens(_added_tokens(vocab, (CONTROL, UNKNOWN), special=True))
     hf.add_tokens(_added_tokens(vocab, (USER_DEFINED,), special=False))
@@ -177,6 +181,20 @@ def _byte_level_bpe(vocab: GGUFVocab) -> HFTokenizer:
     return hf
 
 
+def _escaped_bpe(vocab: GGUFVocab) -> HFTokenizer:
+    """Gemma 4's BPE: spaces written as '▁', merges over UTF-8 characters (not bytes) within each
+    line and each run of newlines, '<0xXX>' tokens for what no piece covers."""
+    merges = [_split_merge(m) for m in vocab.merges]
+    ids = {t: i for i, t in enumerate(vocab.tokens)}
+    hf = HFTokenizer(models.BPE(ids, merges, byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", "▁")
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return hf
+
+
 def _sentencepiece_bpe(vocab: GGUFVocab) -> HFTokenizer:
     ids = {t: i for i, t in enumerate(vocab.tokens)}
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
@@ -222,6 +240,8 @@ def _split_merge(merge: str) -> tuple[str, str]:
 
 def _pre_name(model: str, metadata: dict[str, Any]) -> str:
     pre = metadata.get("tokenizer.ggml.pre")
+    if model == "gemma4":
+        return "gemma4"  # its split is fixed: lines and runs of newlines
     if model != "gpt2":
         return pre or "default"  # llama.cpp ignores the pre-tokenizer of SentencePiece vocabularies
     if not pre:
@@ -253,7 +273,7 @@ def _check_lengths(model: str, tokens: list, types: list, merges: list, scores: 
     # A character- or byte-level vocabulary (every ordinary token one symbol) needs no merges;
     # a token of several symbols could never be produced without them.
     merged = any(len(t) > 1 for t, kind in zip(tokens, types, strict=True) if kind == NORMAL)
-    if model == "gpt2" and not merges and merged:
+    if model in ("gpt2", "gemma4") and not merges and merged:
         raise ModelLoadError(
             "GGUF byte-level BPE vocabulary has no tokenizer.ggml.merges; the file is incomplete"
         )
@@ -269,5 +289,5 @@ def _unsupported_model(model: object) -> str:
         return "the GGUF metadata has no tokenizer (tokenizer.ggml.model is missing)"
     return (
         f"GGUF tokenizer model {model!r} is not supported by pellucid; it reads 'gpt2' "
-        "(byte-level BPE) and 'llama' (SentencePiece-style BPE) vocabularies"
+        "(byte-level BPE), 'llama' (SentencePiece-style BPE) and 'gemma4' vocabularies"
     )
