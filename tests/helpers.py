@@ -1,5 +1,5 @@
 """Helpers several test files share (fixtures are in conftest.py): a tiny training corpus and
-config, and a uvicorn server on a free loopback port."""
+config, a uvicorn server on a free loopback port, and two ways to compare logit tables."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
 import uvicorn
 from fastapi import FastAPI
 
@@ -119,3 +121,15 @@ def serving(app: FastAPI) -> Iterator[Running]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def centred_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """How alike two (tokens, vocab) logit tables point, each row's mean taken out (a constant
+    shift of a row changes no probability)."""
+    a, b = (x - x.mean(-1, keepdim=True) for x in (a, b))
+    return F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+def next_token_nll(logits: torch.Tensor, ids: list[int]) -> float:
+    """The mean negative log-likelihood of ids[1:] under the (len(ids), vocab) logits of ids."""
+    return F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from families import FAMILIES, GGUF_SETTINGS, IDS, PROMPTS, converted, hf_logits, hf_model
+from helpers import centred_cosine, next_token_nll
 
 from pellucid import LLM, SamplingParams
 from pellucid.errors import ModelLoadError
@@ -24,13 +24,6 @@ from pellucid.train import gguf_export
 from pellucid.train.char_tokenizer import byte_tokenizer, save_tokenizer
 
 LLAMA_CPP = json.loads((Path(__file__).parent / "data" / "llama_cpp_families.json").read_text())
-
-
-def centred_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """How alike two (tokens, vocab) logit tables point, each row's mean taken out (a constant
-    shift of a row changes no probability)."""
-    a, b = (x - x.mean(-1, keepdim=True) for x in (a, b))
-    return F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -65,8 +58,7 @@ def test_batched_greedy_equals_alone_and_the_fast_path_follows(family):
     together = [o.token_ids for o in llm.generate(PROMPTS, params)]
     assert together == [llm.generate(p, params)[0].token_ids for p in PROMPTS]
     reference, fast = llm.logits(IDS), LLM(folder).logits(IDS)
-    targets = torch.tensor(IDS[1:])
-    nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (reference, fast))
+    nll, fast_nll = next_token_nll(reference, IDS), next_token_nll(fast, IDS)
     assert abs(fast_nll - nll) < 0.01 * nll
     assert centred_cosine(fast, reference) > 0.995
 
@@ -170,8 +162,7 @@ def test_gguf_from_llama_cpps_converter_matches_llama_cpp_and_transformers(name,
     assert ours.argmax(-1).tolist() == ref["argmax"]
     params = SamplingParams(temperature=0, max_tokens=len(ref["greedy"][0]), ignore_eos=True)
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == ref["greedy"]
-    targets = torch.tensor(IDS[1:])
-    nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (ours, LLM(path).logits(IDS)))
+    nll, fast_nll = next_token_nll(ours, IDS), next_token_nll(LLM(path).logits(IDS), IDS)
     assert abs(fast_nll - nll) < 0.01 * nll
 
 

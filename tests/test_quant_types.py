@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from gguf_blocks import IDS, Q, quantized_gguf
+from helpers import centred_cosine, next_token_nll
 
 from pellucid import LLM
 
 LLAMA_CPP = json.loads((Path(__file__).parent / "data" / "llama_cpp_quant_types.json").read_text())
-
-
-def centred(x: torch.Tensor) -> torch.Tensor:
-    return (x - x.mean(-1, keepdim=True)).flatten()  # a row's shift changes no probability
 
 
 @pytest.mark.parametrize("name", list(LLAMA_CPP["types"]))
@@ -37,8 +33,6 @@ def test_quantized_types_compute_llama_cpps_logits(name, tmp_path):
     # moves its logits by up to ~0.03 here (their spread: ~0.3); a misread block moves them by
     # the whole spread
     assert (kept - theirs).abs().max() < 0.1
-    assert F.cosine_similarity(centred(kept), centred(theirs), dim=0) > 0.999
-    targets = torch.tensor(IDS[1:])
-    fast = LLM(path).logits(IDS)
-    nll, fast_nll = (F.cross_entropy(x[:-1], targets).item() for x in (ours, fast))
+    assert centred_cosine(kept, theirs) > 0.999
+    nll, fast_nll = next_token_nll(ours, IDS), next_token_nll(LLM(path).logits(IDS), IDS)
     assert abs(fast_nll - nll) < 0.01 * nll

@@ -146,10 +146,14 @@ def yarn_attention_factor(params: dict[str, Any], max_positions: int) -> float:
         return float(params["attention_factor"])
     context = params.get("original_max_position_embeddings") or max_positions
     factor = float(params.get("factor") or max_positions / context)
-
-    def mscale(scale: float) -> float:
-        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
-
     if params.get("mscale") and params.get("mscale_all_dim"):
-        return mscale(float(params["mscale"])) / mscale(float(params["mscale_all_dim"]))
-    return mscale(1.0)
+        return yarn_mscale(factor, float(params["mscale"])) / yarn_mscale(
+            factor, float(params["mscale_all_dim"])
+        )
+    return yarn_mscale(factor)
+
+
+def yarn_mscale(factor: float, scale: float = 1.0) -> float:
+    """YaRN's factor on cos and sin for positions stretched `factor` times: 0.1 ln(factor) + 1
+    (`scale` times the log: DeepSeek's mscale)."""
+    return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0

@@ -67,7 +67,7 @@ def main() -> None:
         "families": families,
     }
     path = Path(__file__).with_name("llama_cpp_families.json")
-    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(out, separators=(",", ":")) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
