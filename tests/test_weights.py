@@ -85,6 +85,17 @@ def test_unknown_architecture():
         config_from_gguf({"general.architecture": "mamba"}, "x.gguf")
 
 
+def test_gguf_yarn_without_its_original_context_is_a_load_error():
+    """A rope scaling that needs a key the file lacks stops the load naming the key."""
+    meta = {"general.architecture": "qwen2", "qwen2.rope.scaling.type": "yarn"}
+    meta |= {f"qwen2.{k}": v for k, v in [("attention.head_count", 4), ("embedding_length", 64)]}
+    meta |= {f"qwen2.{k}": v for k, v in [("block_count", 1), ("feed_forward_length", 8)]}
+    meta |= {"qwen2.attention.layer_norm_rms_epsilon": 1e-6, "qwen2.context_length": 64}
+    meta |= {"qwen2.vocab_size": 10, "qwen2.rope.scaling.factor": 4.0}
+    with pytest.raises(ModelLoadError, match="lacks qwen2.rope.scaling.original_context_length"):
+        config_from_gguf(meta, "x.gguf")
+
+
 def test_hf_folder_without_weights(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelLoadError):

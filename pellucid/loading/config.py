@@ -4,7 +4,6 @@ Face config.json."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from pellucid.loading.rope_config import (
     rope_theta,
     yarn_attention_factor,
     yarn_divisors,
+    yarn_mscale,
 )
 from pellucid.models.config import ModelConfig
 
@@ -103,8 +103,15 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         sliding_window=gguf_sliding_window(meta, arch),
         global_every=6 if gemma else 0,
         qk_norm=gemma or arch == "qwen3",
-        query_scale=None if gemma or gpt2 else gguf_query_scale(meta, arch, head_dim),
+        query_scale=None if gemma or gpt2 else gguf_query_scale(meta, arch, head_dim, source),
     )
+
+
+def required(meta: dict[str, Any], key: str, source: str) -> Any:
+    """A GGUF key the settings present make necessary; its absence is a broken file."""
+    if key not in meta:
+        raise ModelLoadError(f"{source}: GGUF metadata lacks {key}")
+    return meta[key]
 
 
 def gguf_sliding_window(meta: dict[str, Any], arch: str) -> int | None:
@@ -137,7 +144,7 @@ def gguf_rope_divisors(
     if scaling == "yarn":
         return gguf_yarn_divisors(meta, arch, head_dim, source)
     freqs = meta.get(ROPE_FREQS_KEY)
-    linear = float(meta[key + "factor"]) if scaling == "linear" else None
+    linear = float(required(meta, key + "factor", source)) if scaling == "linear" else None
     if freqs is None:
         return None if linear is None else (linear,) * (head_dim // 2)
     if len(freqs) != head_dim // 2:
@@ -165,21 +172,20 @@ def gguf_yarn_divisors(
     return yarn_divisors(
         head_dim,
         float(meta.get(f"{arch}.rope.freq_base", 10_000.0)),
-        float(meta[key + "factor"]),
-        float(meta[key + "original_context_length"]),
+        float(required(meta, key + "factor", source)),
+        float(required(meta, key + "original_context_length", source)),
         float(meta.get(key + "yarn_beta_fast", 32.0)),
         float(meta.get(key + "yarn_beta_slow", 1.0)),
     )
 
 
-def gguf_query_scale(meta: dict[str, Any], arch: str, head_dim: int) -> float | None:
+def gguf_query_scale(meta: dict[str, Any], arch: str, head_dim: int, source: str) -> float | None:
     """The factor llama.cpp puts on cos and sin, folded into the softmax scale: the file's
     rope.scaling.attn_factor, times YaRN's 0.1 ln(factor) + 1 where it scales that way."""
     key = f"{arch}.rope.scaling."
     attention_factor = float(meta.get(key + "attn_factor", 1.0))
-    factor = float(meta.get(key + "factor", 1.0))
-    if meta.get(key + "type") == "yarn" and factor > 1:
-        attention_factor *= 0.1 * math.log(factor) + 1.0
+    if meta.get(key + "type") == "yarn":
+        attention_factor *= yarn_mscale(float(required(meta, key + "factor", source)))
     return yarn_query_scale(head_dim, attention_factor)
 
 
