@@ -13,12 +13,10 @@ model, messages, tools and tool_choice and nothing else, so temperature, top_p, 
 parallel_tool_calls are the server's defaults (the model's recommended sampling, up to the end of
 the context, parallel calls allowed); 16 requests in flight. The grammar is always on there.
 
-tool_choice is "required" except for irrelevance ("auto"). Per category and route: valid replies
-(at least one call, every call names a given function and its arguments match the schema; for
-irrelevance: no call at all); AST accuracy from bfcl-eval's own checker; duplicate calls (a call
-equal in name and arguments to an earlier one of the same reply); replies that ended at max_tokens
-(finish_reason "length"), and the calls those still returned. --limit 0 runs every entry (hours),
-so the default is the first 30 of each category. --threads 1 avoids OpenMP oversubscription on a
+tool_choice is "required" except for irrelevance ("auto"). Per category and route: valid replies,
+AST accuracy, duplicate calls, replies cut at max_tokens (bfcl.py says how each is counted).
+--limit 0 runs every entry (hours), so the default is the first 30 of each category. --replies
+FILE writes every reply with its verdict as JSON lines, to read what went wrong. --threads 1 avoids OpenMP oversubscription on a
 machine shared with other work. Last line: one JSON object.
 """
 
@@ -26,24 +24,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 import time
-import types
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-import jsonschema
 import openai
 import torch
+from bfcl import (
+    CATEGORIES,
+    Category,
+    Reply,
+    duplicate_count,
+    load,
+    load_checker,
+    openai_tools,
+    score,
+)
 from common import commit, peak_rss_mib, save
 from openai.types.chat import ChatCompletion
 from rich.console import Console
@@ -53,110 +55,8 @@ from serve import pellucid_server
 from pellucid import LLM, RequestOutput, SamplingParams
 from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
 
-
-@dataclass(frozen=True, slots=True)
-class Category:
-    name: str
-    file: str  # BFCL_v4_<file>.json; also the test_category the checker reads
-    tool_choice: str
-    parallel: bool
-    max_tokens: int  # a valid call is far shorter: cut-offs are the model rambling
-
-
-CATEGORIES = {
-    c.name: c
-    for c in [
-        Category("simple", "simple_python", "required", False, 256),
-        Category("multiple", "multiple", "required", False, 256),
-        Category("parallel", "parallel", "required", True, 512),
-        Category("parallel_multiple", "parallel_multiple", "required", True, 512),
-        Category("irrelevance", "irrelevance", "auto", True, 256),
-    ]
-}
 DEFAULT_LIMIT = 30  # entries per category; 0 runs them all (1,240)
 IN_FLIGHT = 16  # server route: requests sent at once, so the engine batches them
-EXAMPLES = 8  # invalid replies kept per reason, to show what went wrong
-CHECKER_MODEL = "pellucid"  # the checker looks this up in our stand-in MODEL_CONFIG_MAPPING
-Checker = Callable[..., dict]
-
-
-def load_checker() -> tuple[Checker, object]:
-    """bfcl-eval's ast_checker and its Language.PYTHON, imported without the vendor SDKs.
-
-    bfcl_eval.constants.model_config imports every API handler (anthropic, openai, ...), which a
-    --no-deps install leaves out; the checker reads one thing from it,
-    MODEL_CONFIG_MAPPING[model].underscore_to_dot. We hand back dotted names ourselves, so a
-    stand-in module with that one entry replaces it.
-    """
-    stub = types.ModuleType("bfcl_eval.constants.model_config")
-    stub.MODEL_CONFIG_MAPPING = {CHECKER_MODEL: types.SimpleNamespace(underscore_to_dot=False)}
-    sys.modules["bfcl_eval.constants.model_config"] = stub
-    from bfcl_eval.constants.enums import Language
-    from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
-
-    return ast_checker, Language.PYTHON
-
-
-def load(category: Category, limit: int, ids: set[str]) -> list[dict]:
-    """BFCL entries (JSON lines), each with its ground truth under "answer" where there is one."""
-    data = Path(importlib.util.find_spec("bfcl_eval").origin).parent / "data"
-    name = f"BFCL_v4_{category.file}.json"
-    entries = [json.loads(line) for line in (data / name).read_text().splitlines() if line]
-    answers = data / "possible_answer" / name
-    if answers.exists():
-        lines = answers.read_text().splitlines()
-        truth = {a["id"]: a["ground_truth"] for a in map(json.loads, lines)}
-        for e in entries:
-            e["answer"] = truth[e["id"]]
-    if ids:
-        entries = [e for e in entries if e["id"] in ids]
-    return entries[:limit] if limit else entries
-
-
-def json_schema(bfcl: dict) -> dict:
-    """BFCL's parameter types -> JSON Schema: dict -> object, float -> number, tuple -> array,
-    any -> no type constraint; recursively through properties and items."""
-    out = dict(bfcl)
-    kind = out.pop("type", None)
-    if kind not in (None, "any"):
-        out["type"] = {"dict": "object", "float": "number", "tuple": "array"}.get(kind, kind)
-    if isinstance(out.get("properties"), dict):
-        out["properties"] = {k: json_schema(v) for k, v in out["properties"].items()}
-    if isinstance(out.get("items"), dict):
-        out["items"] = json_schema(out["items"])
-    return out
-
-
-def openai_tools(entry: dict) -> tuple[list[dict], dict[str, str], dict[str, dict]]:
-    """Tools as OpenAI sends them (no dots in names, as BFCL's OpenAI handlers do), the map back
-    to BFCL's names, and each tool's parameter schema by the name the model sees."""
-    tools, names, schemas = [], {}, {}
-    for f in entry["function"]:
-        name = f["name"].replace(".", "_")
-        names[name], schemas[name] = f["name"], json_schema(f["parameters"])
-        tools.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "description": f.get("description", ""),
-                    "parameters": schemas[name],
-                },
-            }
-        )
-    return tools, names, schemas
-
-
-@dataclass(slots=True)
-class Reply:
-    """One reply, as the client gets it."""
-
-    calls: list[ToolCall]
-    errors: list[str]  # <tool_call> blocks that were not valid calls
-    finish_reason: str
-    tokens: int
-    text: str  # the reply's text, or its calls as JSON lines: for the examples
-    duplicates: int  # calls equal in name and arguments to an earlier one of the reply
 
 
 def python_reply(out: RequestOutput) -> Reply:
@@ -197,48 +97,6 @@ def _key(block: str) -> tuple[str, str] | None:
         return call["name"], json.dumps(call["arguments"], sort_keys=True)
     except (json.JSONDecodeError, KeyError, TypeError):
         return None
-
-
-def duplicate_count(keys: list[tuple[str, str]]) -> int:
-    return len(keys) - len(set(keys))
-
-
-def call_error(reply: Reply, schemas: dict[str, dict]) -> str:
-    """Why the reply is not only valid calls ('' when it is)."""
-    if reply.errors:
-        return reply.errors[0]
-    if not reply.calls:
-        return "no call"
-    for call in reply.calls:
-        if call.name not in schemas:
-            return f"unknown function {call.name!r}"
-        error = jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(schemas[call.name]).iter_errors(call.args)
-        )
-        if error is not None:
-            return f"{call.name}: {error.message}"
-    return ""
-
-
-def ast_verdict(
-    entry: dict,
-    calls: list[ToolCall],
-    category: Category,
-    names: dict[str, str],
-    checker: Checker,
-    language: object,
-) -> tuple[bool, str]:
-    """(correct, error type) by BFCL's rules; irrelevance is correct when no call decodes."""
-    if category.tool_choice == "auto":
-        return not calls, "" if not calls else "irrelevance_error:decoder_success"
-    output = [{names.get(c.name, c.name): c.args} for c in calls]
-    try:
-        result = checker(
-            entry["function"], output, entry["answer"], language, category.file, CHECKER_MODEL
-        )
-    except Exception as e:  # noqa: BLE001 - third-party code on any output: a crash is a miss
-        return False, f"checker_crash:{type(e).__name__}"
-    return result["valid"], result.get("error_type", "")
 
 
 def python_route(
@@ -308,87 +166,6 @@ async def server_route(
     return replies, refused, time.perf_counter() - start
 
 
-def score(
-    category: Category,
-    entries: list[dict],
-    replies: dict[str, Reply],
-    refused: dict[str, str],
-    seconds: float,
-    checker: Checker,
-    language: object,
-) -> dict:
-    valid = correct = cut = cut_calls = duplicates = 0
-    examples, invalid_ids, ast_errors, invalid = [], [], Counter(), Counter()
-    for e in entries:
-        reply = replies.get(e["id"])
-        if reply is None:
-            continue
-        _, names, schemas = openai_tools(e)
-        cut += reply.finish_reason == "length"
-        cut_calls += len(reply.calls) if reply.finish_reason == "length" else 0
-        duplicates += reply.duplicates
-        if category.tool_choice == "auto":
-            why = "made a call" if reply.calls or reply.errors else ""
-        else:
-            why = call_error(reply, schemas)
-        valid += not why
-        ok, error_type = ast_verdict(e, reply.calls, category, names, checker, language)
-        correct += ok
-        ast_errors["ok" if ok else error_type] += 1
-        if why:
-            reason = reason_of(why, reply.finish_reason)
-            invalid[reason] += 1
-            invalid_ids.append(e["id"])
-            if invalid[reason] <= EXAMPLES:
-                examples.append({"id": e["id"], "why": why[:300], "text": clip(reply.text)})
-    examples += [{"id": i, "why": err[:300]} for i, err in refused.items()]
-    invalid_ids += list(refused)
-    if refused:
-        invalid["refused (grammar does not compile)"] = len(refused)
-    n = len(entries)
-    tokens = sum(r.tokens for r in replies.values())
-    return {
-        "category": category.name,
-        "n": n,
-        "valid": valid,
-        "valid_rate": round(valid / n, 4),
-        "ast_correct": correct,
-        "ast_accuracy": round(correct / n, 4),
-        "duplicate_calls": duplicates,
-        "hit_max_tokens": cut,
-        "calls_in_replies_cut_at_max_tokens": cut_calls,
-        "refused": len(refused),
-        "generated_tokens": tokens,
-        "seconds": round(seconds, 1),
-        "tok_s": round(tokens / seconds, 1),
-        "ast_error_types": dict(ast_errors.most_common()),
-        "invalid_reasons": dict(invalid.most_common()),
-        "invalid_ids": invalid_ids,
-        "invalid_examples": examples,
-    }
-
-
-def reason_of(why: str, finish_reason: str | None) -> str:
-    """A reply's invalidity, coarsely: the table of reasons stays short."""
-    if finish_reason == "length":
-        return "cut off at max_tokens"
-    kinds = (
-        "no call",
-        "made a call",
-        "unknown function",
-        "not valid JSON",
-        "no string 'name'",
-        "not a JSON object",
-        "not closed",
-    )
-    return next((k for k in kinds if k in why), "arguments do not match the schema")
-
-
-def clip(text: str, keep: int = 200) -> str:
-    """Both ends of a long reply: how it began and where it was going when cut off."""
-    return text if len(text) <= 2 * keep else f"{text[:keep]} [...] {text[-keep:]}"
-
-
 def pellucid_changes() -> list[str]:
     """Files under pellucid/ that differ from HEAD: others edit this tree while a run goes on."""
     out = subprocess.run(
@@ -442,6 +219,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     ap.add_argument("--frequency-penalty", type=float, default=0.5)
     ap.add_argument("--ids", default="", help="only these entry ids (comma-separated)")
+    ap.add_argument("--replies", type=Path, help="write every reply here (JSON lines)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -475,6 +253,13 @@ def main() -> None:
                 rows.append({"route": "python", "constrained": constrained, **row})
                 report(rows[-1])
     print_table(rows)
+    records = [
+        {"route": r["route"], "grammar": r["constrained"], "category": r["category"], **reply}
+        for r in rows
+        for reply in r.pop("replies")
+    ]
+    if args.replies:
+        args.replies.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     default = (
         args.categories == ",".join(CATEGORIES) and args.limit == DEFAULT_LIMIT and not args.ids
     )
