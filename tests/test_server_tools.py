@@ -208,6 +208,23 @@ def test_a_call_the_margin_forced_shut_is_left_out(
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_required_draws_again_then_keeps_the_forced_call(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    # In 40 tokens the close margin (32) shuts the only call, its city emptied, at every draw.
+    # A sampled reply that must call is drawn again (twice), then keeps the call it has and
+    # says "length"; so does a greedy one, which a new draw could not change.
+    ask = {"messages": OSLO, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40}
+    for temperature, redraws in ((0.7, 2), (0, 0)):
+        calls, finish = _reply(client, stream, temperature=temperature, **ask)
+        assert len(calls) == 1 and calls[0][1]["city"] == "" and finish == "length"
+        if not stream:
+            whole = client.chat.completions.create(model=MODEL, temperature=temperature, **ask)
+            assert whole.model_extra["pellucid"]["timings"][0]["redraws"] == redraws
+            assert whole.usage.completion_tokens <= 40  # the last draw's tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_required_with_an_array_of_objects_and_a_dotted_name(
     client: openai.OpenAI, stream: bool
 ) -> None:

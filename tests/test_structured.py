@@ -180,16 +180,18 @@ def test_close_margin_ends_a_looping_call_valid(smollm2: LLM) -> None:
     )  # free text must not be cut
 
 
-def _call_reply(smollm2: LLM, wants: str | None = None, text: str = "") -> Sequence:
-    """A reply under the required tool-call grammar, as the engine runs it (its Sequence): the
-    tokens of `text` appended as they are, then, where the model always most `wants` one piece,
-    sampled until it ends (at most 300 tokens)."""
+def _call_reply(
+    smollm2: LLM, wants: str | None = None, text: str = "", **overrides: object
+) -> Sequence:
+    """A greedy reply under the required tool-call grammar, as the engine runs it (its
+    Sequence): the tokens of `text` appended as they are, then, where the model always most
+    `wants` one piece, sampled until it ends (at most 300 tokens). `overrides`: SamplingParams."""
     tok = smollm2.tokenizer
     chat = prepare_chat(tok, [{"role": "user", "content": "Weather?"}], tools=[WEATHER])
     fields = prepare_chat(
         tok, [{"role": "user", "content": "Weather?"}], tools=[WEATHER], tool_choice="required"
     ).sampling_fields()
-    params = SamplingParams(temperature=0, max_tokens=300, **fields)
+    params = SamplingParams(**{"temperature": 0, "max_tokens": 300, **fields, **overrides})
     vocab = smollm2.model.cfg.vocab_size
     seq = Sequence(smollm2.encode_chat(chat.prompt), params, tok, vocab, 8192)
     seq.sampler_state.matcher = smollm2.engine.grammars.matcher(params.grammar)
@@ -225,10 +227,33 @@ def test_a_reply_that_lost_its_way_closes_at_once(smollm2: LLM) -> None:
     assert lost.sampler_state.close_now
     assert not _call_reply(smollm2, text=start).sampler_state.close_now
     # A stretch repeated: with " Oslo" wanted for ever, the margin closes the call long before
-    # max_tokens, and since it took the model's choice away the call is dropped ("length").
-    seq = _call_reply(smollm2, wants=" Oslo", text=start)
+    # max_tokens, and since it took the model's choice away the call is dropped ("length")...
+    seq = _call_reply(smollm2, wants=" Oslo", text=start, require_block=False)
     assert seq.sampler_state.close_now and seq.sampler_state.forced_shut
     assert len(seq.output_ids) < 100 and seq.finish_reason == "length" and seq.text == ""
+    # ... unless the reply must hold a call and cannot be drawn again (greedy): then it keeps
+    # the call it has, still "length".
+    seq = _call_reply(smollm2, wants=" Oslo", text=start)
+    (call,) = parse_tool_calls(seq.text).tool_calls
+    assert call.args["city"].startswith("Oslo Oslo") and seq.finish_reason == "length"
+
+
+@pytest.mark.parametrize("per_block", [False, True])
+def test_call_penalties_count_within_one_call(smollm2: LLM, per_block: bool) -> None:
+    # The calls' frequency penalty is there against loops inside a call. Counted over the whole
+    # reply it would push a second call off an exact repeat of the first (which ends the reply)
+    # onto a near one ("city": "" after "Oslo"), so it starts over when a call closes.
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    seq = _call_reply(smollm2, text=call, frequency_penalty=0.5, penalties_per_block=per_block)
+    counts = seq.sampler_state.counts
+    assert counts.sum() == len(seq.output_ids)  # still inside the call: every token counts
+    for t in smollm2.tokenizer.encode("\n</tool_call>", parse_special=True):
+        seq.append(t)
+    assert counts.sum() == (0 if per_block else len(seq.output_ids))
+    opener = smollm2.tokenizer.encode("\n<tool_call>\n{", parse_special=True)
+    for t in opener:
+        seq.append(t)
+    assert counts.sum() == (len(opener) if per_block else len(seq.output_ids))
 
 
 def test_parse_tool_calls() -> None:

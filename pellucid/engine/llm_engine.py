@@ -120,6 +120,9 @@ class LLMEngine:
         delta = seq.append(token_id)
         if seq.is_finished:
             self._release(seq)
+        elif seq.redraw_due:
+            self.scheduler.requeue(seq)  # frees its blocks; it pre-fills again, from the cache
+            seq.redraw()
         out = seq.output(delta, logprob)
         if seq.on_output is not None:
             seq.on_output(out)

@@ -18,6 +18,7 @@ class Timings:
     prefill_s: float = 0.0  # one parallel forward pass over the whole prompt
     decode_tokens: int = 0  # tokens produced by decode steps (the first comes from pre-fill)
     decode_s: float = 0.0
+    redraws: int = 0  # times the reply was drawn again from the prompt (Sequence.redraw)
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -81,6 +81,23 @@ class SamplerState:
         # Set by the sequence: where a tool call's JSON stands (BlockFilter.json_at), or None
         self.json_at: str | None = None
 
+    def restart(self, prompt_token_ids: Sequence[int]) -> None:
+        """Back to the state before the first output token (Sequence.redraw); the generator
+        is kept, so the next draw differs."""
+        if self.counts is not None:
+            self.counts.zero_()
+            self.seen.zero_()
+            self.seen[torch.tensor(list(prompt_token_ids), device=self.seen.device)] = True
+        if self.matcher is not None:
+            self.matcher.reset()
+        self.forced, self.forced_shut, self.last_mask = [], False, None
+        self.close_now, self.json_at = False, None
+
+    def forget_counts(self) -> None:
+        """Presence and frequency penalties start over (SamplingParams.penalties_per_block)."""
+        if self.counts is not None:
+            self.counts.zero_()
+
     def update(self, token_id: int) -> None:
         """Record a token the sequence has just generated."""
         if self.counts is not None:

@@ -85,6 +85,14 @@ class SamplingParams:
     # that repeats an earlier block, or that the close margin forced shut, ends the reply before
     # it (finish_reason "stop" / "length"; see block_filter.py).
     distinct_blocks: tuple[str, str] | None = None
+    # With distinct_blocks: presence and frequency penalties count only the tokens since the last
+    # block closed. A penalty meant against loops inside one call would otherwise push the next
+    # call off an exact repeat (which ends the reply) onto a near one ("city": "" after "Paris").
+    penalties_per_block: bool = False
+    # With distinct_blocks: the reply must hold a block (tool_choice "required"). One whose first
+    # block was forced shut is drawn again from the prompt (Sequence.redraw) while it can be
+    # done unseen; after that the forced block is kept, with finish_reason "length".
+    require_block: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

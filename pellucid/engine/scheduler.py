@@ -102,13 +102,17 @@ class Scheduler:
         return n
 
     def preempt(self, seq: Sequence) -> None:
+        """Make room: seq gives up its blocks until it can be readmitted (`requeue`)."""
+        self.requeue(seq)
+        self.num_preemptions += 1
+
+    def requeue(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it first in line; it recomputes its tokens when readmitted."""
         self.running.remove(seq)
         self.block_manager.free_table(seq.block_table)
         seq.num_computed, seq.num_sealed_blocks = 0, 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
-        self.num_preemptions += 1
 
     def postprocess(self, batch: Batch, seconds: float) -> None:
         """After the model ran: count the computed tokens, share newly full blocks, and charge

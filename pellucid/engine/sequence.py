@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from pellucid.engine.trace_recorder import Recorder
 
 _ids = itertools.count()
+# Draws of a reply that must hold a call, after the first whose only call was forced shut
+MAX_REDRAWS = 2
 
 
 class Status(Enum):
@@ -58,12 +60,18 @@ class Sequence:
         self.timings = Timings(prompt_tokens=len(prompt_ids))
         self.trace: Recorder | None = None  # set by the engine when the request asks for one
         self.on_output: Callable[[RequestOutput], None] | None = None  # its owner, if it has one
-        self._detok = IncrementalDetokenizer(tokenizer)
-        self._stops = StopStringFilter(params.stop)
-        self._blocks = BlockFilter(params.distinct_blocks)
+        self.redraw_due = False  # set by append: the engine is to call redraw()
+        self._tokenizer = tokenizer
+        self._start_reply()
+
+    def _start_reply(self) -> None:
+        """The reply's text state, empty: the filters, the detokenizer, the loop watch."""
+        self._detok = IncrementalDetokenizer(self._tokenizer)
+        self._stops = StopStringFilter(self.params.stop)
+        self._blocks = BlockFilter(self.params.distinct_blocks)
         self.text = ""
         # The latest text, watched for a loop where the grammar may close early (loops.py)
-        self._recent: str | None = "" if params.grammar_close_margin > 0 else None
+        self._recent: str | None = "" if self.params.grammar_close_margin > 0 else None
 
     @property
     def num_pending(self) -> int:
@@ -84,6 +92,9 @@ class Sequence:
         piece = self._detok.step(token_id)
         self._watch_for_loops(piece)
         delta = self._release(self._stops.feed(piece))
+        if self._blocks.ended == "length" and not self._blocks.seen and self._may_redraw():
+            self.redraw_due = True  # its only call was forced shut: the engine draws again
+            return delta
         if self._stops.stopped or self._blocks.ended:
             return delta + self.finish(self._blocks.ended or "stop")
         full = len(self.token_ids) >= self.max_len
@@ -97,9 +108,36 @@ class Sequence:
         self._recent = (self._recent + piece)[-KEEP:]
         self.sampler_state.close_now = is_looping(self._recent)
 
+    def _may_redraw(self) -> bool:
+        """A reply that must hold a call may be drawn again while nobody has seen any of it:
+        no token's logprob or trace has gone out, and a new draw can differ (not greedy)."""
+        p = self.params
+        return (
+            p.require_block
+            and self.timings.redraws < MAX_REDRAWS
+            and not p.is_greedy
+            and p.logprobs is None
+            and self.trace is None
+        )
+
+    def redraw(self) -> None:
+        """Start the reply over from the prompt. The caller frees the KV blocks
+        (Scheduler.requeue: the prompt's come back from the prefix cache). The random generator
+        draws on, so the new reply differs from the last."""
+        del self.token_ids[len(self.prompt_ids) :]
+        self.output_ids.clear()
+        self.sampler_state.restart(self.prompt_ids)
+        self._start_reply()
+        self.timings.redraws += 1
+        self.redraw_due = False
+
     def _release(self, text: str) -> str:
         """Text past the stop strings goes through the block filter, then into the reply."""
+        self._blocks.keep_forced_first = self.params.require_block and not self._may_redraw()
+        closed = len(self._blocks.seen)
         released = self._blocks.feed(text, forced=self.sampler_state.forced_shut)
+        if len(self._blocks.seen) > closed and self.params.penalties_per_block:
+            self.sampler_state.forget_counts()
         self.sampler_state.json_at = self._blocks.json_at
         self.sampler_state.close_now |= self._blocks.lost
         self.text += released

@@ -166,6 +166,8 @@ def sampling_params(
             if getattr(request, name) is not None
         }
     )
+    if request.presence_penalty is not None or request.frequency_penalty is not None:
+        given.pop("penalties_per_block", None)  # the request's own penalty: OpenAI's meaning
     params = []
     for i in range(request.n):
         seed = None if request.seed is None else request.seed + i

@@ -89,6 +89,7 @@ def timings(outputs: list[RequestOutput]) -> dict[str, object]:
                 "prefill_s": round(o.timings.prefill_s, 6),
                 "decode_tokens": o.timings.decode_tokens,
                 "decode_s": round(o.timings.decode_s, 6),
+                "redraws": o.timings.redraws,
             }
             for o in outputs
         ]

@@ -22,7 +22,7 @@ CLOSE_MARGIN = 32
 # "Minnesota_2020_2021_2022...") until its tokens run out, 9 of the first 100 BFCL simple
 # questions through the server at SmolLM2's temperature 0.2. The grammar forces the JSON around
 # the values, so the penalty weighs on the values alone.
-CALL_SAMPLING = {"frequency_penalty": 0.5}
+CALL_SAMPLING = {"frequency_penalty": 0.5, "penalties_per_block": True}
 
 
 @dataclass(slots=True)
@@ -36,14 +36,18 @@ class PreparedChat:
     # SamplingParams fields suggested for this reply, for a caller to use where its request
     # names none (CALL_SAMPLING when the reply must be calls)
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    must_call: bool = False  # tool_choice "required" or a named function
 
     def sampling_fields(self) -> dict[str, Any]:
         """What this chat sets in SamplingParams (`dataclasses.replace(params, **fields)`): its
         grammar, close margin, and with tools the call tags, so that a call repeated word for
-        word, or forced shut by the margin, ends the reply instead of reaching the client."""
+        word, or forced shut by the margin, ends the reply instead of reaching the client; a
+        reply that must call, whose only call was forced shut, is drawn again."""
         fields: dict[str, Any] = (
             {"distinct_blocks": (CALL_OPEN, CALL_CLOSE)} if self.parse_calls else {}
         )
+        if self.must_call:
+            fields["require_block"] = True
         if self.grammar is not None:
             fields |= {"grammar": self.grammar, "grammar_close_margin": self.close_margin}
         return fields
@@ -80,7 +84,7 @@ def prepare_chat(
     if choice == "auto":
         return PreparedChat(prompt, grammar, bool(active))
     return PreparedChat(
-        prompt, grammar, bool(active), CLOSE_MARGIN, CALL_SAMPLING if active else {}
+        prompt, grammar, bool(active), CLOSE_MARGIN, CALL_SAMPLING if active else {}, bool(active)
     )
 
 
