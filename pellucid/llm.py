@@ -29,7 +29,7 @@ from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.loading import sampling_defaults
 from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
-from pellucid.structured import parse_tool_calls, prepare_chat
+from pellucid.structured import parse_tool_calls, prepare_chat, reply_defaults
 from pellucid.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -159,7 +159,9 @@ class LLM:
             response_format=response_format,
         )
         if params is None:  # the server's defaults: the model's, then those for a reply of calls
-            params = SamplingParams(**self.sampling_defaults | chat.sampling_defaults)
+            params = SamplingParams(
+                **reply_defaults(self.sampling_defaults, chat.sampling_defaults)
+            )
         params = dataclasses.replace(params, **chat.sampling_fields())
         for out in self._outputs([(self.encode_chat(chat.prompt), params)]):
             if out.finished and chat.parse_calls:

@@ -93,6 +93,9 @@ class SamplingParams:
     # block was forced shut is drawn again from the prompt (Sequence.redraw) while it can be
     # done unseen; after that the forced block is kept, with finish_reason "length".
     require_block: bool = False
+    # The temperature of such a new draw; None: the reply's own (so a greedy one is not drawn
+    # again: it would come out the same).
+    redraw_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -104,6 +107,11 @@ class SamplingParams:
         _require(
             _is_number(self.temperature) and self.temperature >= 0,
             f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}",
+        )
+        _require(
+            self.redraw_temperature is None
+            or (_is_number(self.redraw_temperature) and self.redraw_temperature >= 0),
+            f"redraw_temperature must be None or >= 0, got {self.redraw_temperature!r}",
         )
         _require(
             _is_number(self.top_p) and 0 < self.top_p <= 1,

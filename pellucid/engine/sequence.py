@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ from pellucid.engine.block_filter import BlockFilter
 from pellucid.engine.loops import KEEP, is_looping
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
-from pellucid.engine.sampling_params import SamplingParams
+from pellucid.engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 from pellucid.engine.stop_strings import StopStringFilter
 from pellucid.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -110,12 +111,13 @@ class Sequence:
 
     def _may_redraw(self) -> bool:
         """A reply that must hold a call may be drawn again while nobody has seen any of it:
-        no token's logprob or trace has gone out, and a new draw can differ (not greedy)."""
+        no token's logprob or trace has gone out, and a new draw can differ (it is sampled)."""
         p = self.params
+        temperature = p.temperature if p.redraw_temperature is None else p.redraw_temperature
         return (
             p.require_block
             and self.timings.redraws < MAX_REDRAWS
-            and not p.is_greedy
+            and temperature >= GREEDY_TEMPERATURE
             and p.logprobs is None
             and self.trace is None
         )
@@ -123,7 +125,11 @@ class Sequence:
     def redraw(self) -> None:
         """Start the reply over from the prompt. The caller frees the KV blocks
         (Scheduler.requeue: the prompt's come back from the prefix cache). The random generator
-        draws on, so the new reply differs from the last."""
+        draws on, so the new reply differs from the last; it is sampled at redraw_temperature
+        where the params name one."""
+        if self.params.redraw_temperature is not None:
+            self.params = replace(self.params, temperature=self.params.redraw_temperature)
+            self.sampler_state.params = self.params
         del self.token_ids[len(self.prompt_ids) :]
         self.output_ids.clear()
         self.sampler_state.restart(self.prompt_ids)

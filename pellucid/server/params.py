@@ -20,7 +20,7 @@ from pellucid.server.protocol import (
     SamplingRequest,
     TraceRequest,
 )
-from pellucid.structured import prepare_chat
+from pellucid.structured import prepare_chat, reply_defaults
 
 
 @dataclass(slots=True)
@@ -149,25 +149,24 @@ def sampling_params(
         )
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     # What the request names wins over the defaults of this reply (calls), then of the model
-    given = (
-        llm.sampling_defaults
-        | prompt.defaults
-        | {
-            name: getattr(request, name)
-            for name in (
-                "temperature",
-                "top_p",
-                "top_k",
-                "min_p",
-                "repetition_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-            )
-            if getattr(request, name) is not None
-        }
-    )
-    if request.presence_penalty is not None or request.frequency_penalty is not None:
+    named = {
+        name: getattr(request, name)
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        )
+        if getattr(request, name) is not None
+    }
+    given = reply_defaults(llm.sampling_defaults, prompt.defaults) | named
+    if "presence_penalty" in named or "frequency_penalty" in named:
         given.pop("penalties_per_block", None)  # the request's own penalty: OpenAI's meaning
+    if "temperature" in named:
+        given.pop("redraw_temperature", None)  # a new draw samples as the request asked
     params = []
     for i in range(request.n):
         seed = None if request.seed is None else request.seed + i
