@@ -65,16 +65,19 @@ def test_smollm2_gets_its_model_cards_settings(smollm2: LLM) -> None:
     assert smollm2.sampling_defaults == {"temperature": 0.2, "top_p": 0.9}
 
 
-def test_a_reply_that_must_be_calls_gets_a_frequency_penalty_unless_it_names_one() -> None:
+def test_a_reply_that_must_be_calls_gets_call_sampling_unless_it_names_its_own() -> None:
     llm = SimpleNamespace(
         engine=SimpleNamespace(max_model_len=100), sampling_defaults={"temperature": 0.2}
     )
     prompt = Prompt([1, 2, 3], "", True, defaults=dict(CALL_SAMPLING))
     ask = {"messages": [{"role": "user", "content": "hi"}]}
     (params,) = sampling_params(llm, ChatCompletionRequest(**ask), prompt, None, None)
-    assert (params.temperature, params.frequency_penalty) == (
-        0.2,
-        CALL_SAMPLING["frequency_penalty"],
-    )
-    named = ChatCompletionRequest(**ask, frequency_penalty=0)
-    assert sampling_params(llm, named, prompt, None, None)[0].frequency_penalty == 0
+    # Greedy, a new draw at the model's temperature, the penalty counted call by call
+    assert (params.temperature, params.redraw_temperature) == (0.0, 0.2)
+    assert params.frequency_penalty == CALL_SAMPLING["frequency_penalty"]
+    assert params.penalties_per_block
+    # What the request names keeps OpenAI's meaning
+    named = ChatCompletionRequest(**ask, frequency_penalty=0, temperature=0.7)
+    (params,) = sampling_params(llm, named, prompt, None, None)
+    assert (params.frequency_penalty, params.penalties_per_block) == (0, False)
+    assert (params.temperature, params.redraw_temperature) == (0.7, None)
