@@ -10,8 +10,9 @@ penalty (0.5 by default; without one SmolLM2 loops inside some arguments, "Santa
 max_tokens 256 (512 for the parallel ones); with and without the grammar.
 server: `pellucid serve` driven by the official `openai` client the way its users send requests:
 model, messages, tools and tool_choice and nothing else, so temperature, top_p, max_tokens and
-parallel_tool_calls are the server's defaults (the model's recommended sampling, up to the end of
-the context, parallel calls allowed); 16 requests in flight. The grammar is always on there.
+parallel_tool_calls are the server's defaults (greedy for a reply that must call, the model's
+recommended sampling otherwise, up to the end of the context, parallel calls allowed); 16
+requests in flight. The grammar is always on there.
 
 tool_choice is "required" except for irrelevance ("auto"). Per category and route: valid replies,
 AST accuracy, duplicate calls, replies cut at max_tokens (bfcl.py says how each is counted).
