@@ -8,7 +8,7 @@ the reply ends before a block that
     repeats an earlier block of the reply word for word    -> finish_reason "stop"
     was forced shut by the grammar's close margin          -> finish_reason "length"
     (the margin took away what the model wanted to write: it is not the call the model meant;
-    `keep_forced_first` keeps it when it is all a reply that must hold a call has)
+    it stays in `forced_block`, for a reply that must hold a call and has no other)
 
 so neither reaches the text, the stream or the client. A block still open when the reply ends
 (cut off at max_tokens) is left out too.
@@ -32,9 +32,7 @@ class BlockFilter:
         self.held = ""  # an open block, or text that may be the start of its opening tag
         self.seen: set[str] = set()
         self.ended: str | None = None
-        # A forced-shut block that would be the reply's first is released rather than dropped
-        # (SamplingParams.require_block: a reply that must hold a call keeps the one it has).
-        self.keep_forced_first = False
+        self.forced_block = ""  # the block forced shut that ended the reply, left out
         self._block: _BlockEnd | None = None  # set while `held` starts with an open block
 
     def feed(self, delta: str, forced: bool = False) -> str:
@@ -59,9 +57,8 @@ class BlockFilter:
             if end < 0:
                 return "".join(out)
             block, self.held, self._block = self.held[:end], self.held[end:], None
-            if forced and self.keep_forced_first and not self.seen:
-                self.ended, self.held = "length", ""
-                return "".join(out) + block
+            if forced:
+                self.forced_block = block
             if forced or block in self.seen:
                 self.ended, self.held = "length" if forced else "stop", ""
                 return "".join(out)

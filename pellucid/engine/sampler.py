@@ -85,7 +85,7 @@ class SamplerState:
         """Back to the state before the first output token (Sequence.redraw); the generator
         is kept, so the next draw differs."""
         if self.counts is not None:
-            self.counts.zero_()
+            self.forget_counts()
             self.seen.zero_()
             self.seen[torch.tensor(list(prompt_token_ids), device=self.seen.device)] = True
         if self.matcher is not None:

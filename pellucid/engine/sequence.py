@@ -93,9 +93,14 @@ class Sequence:
         piece = self._detok.step(token_id)
         self._watch_for_loops(piece)
         delta = self._release(self._stops.feed(piece))
-        if self._blocks.ended == "length" and not self._blocks.seen and self._may_redraw():
-            self.redraw_due = True  # its only call was forced shut: the engine draws again
-            return delta
+        if self._blocks.forced_block and not self._blocks.seen and self.params.require_block:
+            # Its only call was forced shut: the engine draws again, or, where it cannot, the
+            # reply keeps that call (finish_reason "length")
+            if self._may_redraw():
+                self.redraw_due = True
+                return delta
+            self.text += self._blocks.forced_block
+            delta += self._blocks.forced_block
         if self._stops.stopped or self._blocks.ended:
             return delta + self.finish(self._blocks.ended or "stop")
         full = len(self.token_ids) >= self.max_len
@@ -115,8 +120,7 @@ class Sequence:
         p = self.params
         temperature = p.temperature if p.redraw_temperature is None else p.redraw_temperature
         return (
-            p.require_block
-            and self.timings.redraws < MAX_REDRAWS
+            self.timings.redraws < MAX_REDRAWS
             and temperature >= GREEDY_TEMPERATURE
             and p.logprobs is None
             and self.trace is None
@@ -139,7 +143,6 @@ class Sequence:
 
     def _release(self, text: str) -> str:
         """Text past the stop strings goes through the block filter, then into the reply."""
-        self._blocks.keep_forced_first = self.params.require_block and not self._may_redraw()
         closed = len(self._blocks.seen)
         released = self._blocks.feed(text, forced=self.sampler_state.forced_shut)
         if len(self._blocks.seen) > closed and self.params.penalties_per_block:
