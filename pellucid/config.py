@@ -23,6 +23,9 @@ class EngineConfig:
     # Use the decode steps compiled ahead of time for this model's architecture, where
     # `pellucid compile` has built them (engine/aot_decode.py): no compiler in this process
     compiled_ahead: bool = True
+    # Speculative decoding from each sequence's own n-grams (engine/drafter.py): on, requests
+    # draft where it pays or as their SamplingParams.speculative says; off, none does
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):

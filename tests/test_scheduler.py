@@ -25,6 +25,7 @@ class FakeSeq:
     arrival: float = 0.0
     admitted: bool = False
     timings: Timings = field(default_factory=Timings)
+    drafter: None = None  # no speculative decoding here (test_speculative.py)
 
     @property
     def num_pending(self) -> int:

@@ -282,7 +282,11 @@ def test_web_view_streams_tokens_and_shows_alternatives(live_server, tmp_path):
             assert "%" in page.locator("#alternatives").inner_text()
             assert "sampling stages" in page.locator("#alternatives").inner_text()
             assert page.locator("#attention td.cell").count() > 0
-            assert page.locator("#timeline rect").count() == n_tokens  # pre-fill + decodes
+            # pre-fill + the decode passes; a token gained from a guess had no pass of its own
+            gained = page.evaluate("turn.trace.steps.filter((s) => s.drafted_in !== null).length")
+            assert page.locator("#timeline rect").count() == n_tokens - gained
+            note = page.locator("#timeline-note").inner_text()
+            assert ("speculative decoding" in note) == (gained > 0)
             page.screenshot(path=str(tmp_path / "web.png"), full_page=True)
             assert errors == []
         finally:

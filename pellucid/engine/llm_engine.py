@@ -1,10 +1,11 @@
 """LLMEngine: accepts requests and advances all of them together, one `step()` at a time.
 A step:
 
-    batch = scheduler.schedule()               # who runs: pre-fill chunks and decode rows
+    batch = scheduler.schedule()               # who runs: pre-fill chunks, decode rows, drafts
     result = model_runner.run(batch)           # one forward pass for all of them, then sampling
     scheduler.postprocess(batch, seconds)      # computed tokens, prefix-cache sharing, time
     seq.append(token) -> RequestOutput         # stop checks, text deltas; finished ones free blocks
+    take_drafts(seq, ...)                      # each guess the model agrees with: one more token
 
 One thread steps at a time: whoever drives the engine (LLM's loops, the server's engine thread)
 holds `lock`. A request added with `on_output` gets its outputs through it, whichever thread ran
@@ -18,16 +19,19 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.drafter import NgramDrafter
 from pellucid.engine.grammar import GrammarCompiler
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.model_runner import ModelRunner
 from pellucid.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from pellucid.engine.sampler import sample
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.scheduler import Scheduler
-from pellucid.engine.sequence import Sequence
+from pellucid.engine.sequence import Sequence, Status
 from pellucid.engine.trace_hooks import end_step
 from pellucid.engine.trace_recorder import Recorder
 from pellucid.errors import PromptError
@@ -87,6 +91,8 @@ class LLMEngine:
         if options is not None:
             seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model, self.pool)
         seq.on_output = on_output
+        if self.config.speculative and params.speculative is not False:
+            seq.drafter = NgramDrafter()
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -112,8 +118,47 @@ class LLMEngine:
         result = self.model_runner.run(batch)
         self.scheduler.postprocess(batch, result.seconds)
         end_step(batch, result.seconds)  # traced requests note the step
+        outputs = []
+        drafted = [it.drafts for it in batch.items if it.samples]
         sampled = zip(batch.sampling, result.token_ids, result.logprobs, strict=True)
-        return [self._append(seq, token_id, logprob) for seq, token_id, logprob in sampled]
+        for (seq, token_id, logprob), drafts, rows in zip(sampled, drafted, result.draft_logits):
+            outputs.append(self._append(seq, token_id, logprob))
+            if drafts:
+                outputs += self.take_drafts(seq, drafts, rows, token_id)
+        return outputs
+
+    def take_drafts(
+        self, seq: Sequence, drafts: list[int], logits: Tensor, token_id: int
+    ) -> list[RequestOutput]:
+        """Check seq's guesses, in order, against what the model draws at each (one output per
+        token gained). `logits` (len(drafts), V): row j is the model's prediction after guess j,
+        and it counts only if guess j was the token just drawn; the first guess that was not
+        ends the check, and the K/V written for it and the guesses after it are left to be
+        overwritten. Each draw applies the sequence's sampler exactly as a plain step would."""
+        outputs: list[RequestOutput] = []
+        missed = False
+        for row, guess in enumerate(drafts):
+            if seq.status is not Status.RUNNING:
+                break  # it finished (or starts over) before this guess: unchecked
+            if token_id != guess:
+                missed = True
+                break
+            seq.num_computed += 1  # the guess's K/V, written this step, is now its own
+            seq.timings.decode_tokens += 1
+            out = sample(logits[row : row + 1], [seq.sampler_state])
+            token_id = int(out.token_ids[0])
+            if seq.trace is not None:
+                seq.trace.keep_drafted_token(logits[row], token_id, seq.sampler_state)
+            n_top = seq.params.logprobs
+            logprob = None if n_top is None else out.token_logprob(0, n_top)
+            outputs.append(self._append(seq, token_id, logprob))
+        seq.timings.draft_tokens += len(drafts)
+        seq.timings.accepted_tokens += len(outputs)
+        assert seq.drafter is not None
+        seq.drafter.record(len(outputs), missed)
+        if seq.trace is not None:
+            seq.trace.note_draft(drafts, len(outputs))
+        return outputs
 
     def _append(self, seq: Sequence, token_id: int, logprob: TokenLogprob | None) -> RequestOutput:
         """The sampled token joins its sequence; a finished sequence frees its blocks."""

@@ -2,8 +2,11 @@
 
 All tokens of the step are flattened into one row: pre-fill chunks contribute many tokens each
 (processed in parallel), decoding sequences one token each. Only the last position of each
-sequence that is due a new token goes through the LM head. The runner reads the sequences and
-changes none of them: what it sampled comes back as a `StepResult`.
+sequence that is due a new token goes through the LM head. A decoding sequence's guesses
+(drafts) go in as decode rows of their own, each attending to the tokens before it, so a step
+with drafts is still a decode step (compiled); their logits come back for the engine to check.
+The runner reads the sequences and changes none of them: what it sampled comes back as a
+`StepResult`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pellucid.engine import aot_decode
 from pellucid.engine.compiled_decode import CompiledDecode, prepare
 from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
-from pellucid.engine.sampler import SamplerOutput, sample
+from pellucid.engine.sampler import sample
 from pellucid.engine.scheduler import Batch
 from pellucid.engine.trace_hooks import after_forward, before_forward, traced_items
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
@@ -34,6 +37,8 @@ class StepResult:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]  # None where the request did not ask for logprobs
     seconds: float  # the step's forward pass and sampling
+    # per sampled sequence, the logits (len(drafts), V) after each of its drafts, or None
+    draft_logits: list[Tensor | None]
 
 
 class ModelRunner:
@@ -61,29 +66,31 @@ class ModelRunner:
     def run(self, batch: Batch) -> StepResult:
         """One forward pass over the batch, then a token for each of `batch.sampling`."""
         start = time.perf_counter()
-        ids, positions, ctx, last_rows = self.prepare(batch)
+        ids, positions, ctx, last_rows, draft_rows = self.prepare(batch)
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
         # a trace that looks inside the forward (attention, the logit lens) needs the eager step;
         # one of tokens, sampling stages and timings reads only what the compiled step returns
         inside = bool(ctx.capture_attention) or ctx.capture_hidden_rows is not None
-        logits = self.logits(ids, positions, ctx, last_rows, whole_graph=not inside)
+        flat = [r for rows in draft_rows for r in rows]
+        logits = self.logits(ids, positions, ctx, last_rows + flat, whole_graph=not inside)
         token_ids: list[int] = []
         logprobs: list[TokenLogprob | None] = []
+        drafts: list[Tensor | None] = [None] * len(last_rows)
         if logits is not None:
+            logits, after_drafts = logits[: len(last_rows)], logits[len(last_rows) :]
             seqs = batch.sampling
             out = sample(logits, [s.sampler_state for s in seqs])
             token_ids = out.token_ids.tolist()
             logprobs = [
-                None
-                if s.params.logprobs is None
-                else _token_logprob(out, row, token_ids[row], s.params.logprobs)
+                None if s.params.logprobs is None else out.token_logprob(row, s.params.logprobs)
                 for row, s in enumerate(seqs)
             ]
+            drafts = _split_rows(after_drafts, draft_rows)
         if traced:
             after_forward(ctx, traced, logits, token_ids)
-        return StepResult(token_ids, logprobs, time.perf_counter() - start)
+        return StepResult(token_ids, logprobs, time.perf_counter() - start, drafts)
 
     def logits(
         self,
@@ -93,7 +100,7 @@ class ModelRunner:
         last_rows: list[int],
         whole_graph: bool,
     ) -> Tensor | None:
-        """Logits (B, vocab) of the rows that sample; None when none does (pre-fill chunks)."""
+        """Logits (B, vocab) of `last_rows`, in that order; None when none (pre-fill chunks)."""
         if not ctx.prefills and len(ids) > DENSE_ROWS and not self.dense_kept:
             # a batch decoding many rows repeats such steps: it keeps the packed layers' dense
             # copies rather than unpack every matrix every step (models/quant.py)
@@ -102,7 +109,7 @@ class ModelRunner:
         if self.compiled_decode is not None and not ctx.prefills and whole_graph:
             # every row decodes one token: the whole step, LM head included, is one graph
             logits = self.compiled_decode(ids[None], positions, ctx)  # (N, vocab)
-            return logits[last_rows] if len(last_rows) < len(ids) else logits
+            return logits if last_rows == list(range(len(ids))) else logits[last_rows]
         hidden = self.model.hidden_states(ids[None], positions, ctx)[0]  # (N, dim)
         return self.model.compute_logits(hidden[last_rows]) if last_rows else None
 
@@ -136,7 +143,11 @@ class ModelRunner:
         ctx = ForwardContext(k, v, slots, [], decode)
         return torch.zeros(1, rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), ctx
 
-    def prepare(self, batch: Batch) -> tuple[Tensor, Tensor, ForwardContext, list[int]]:
+    def prepare(
+        self, batch: Batch
+    ) -> tuple[Tensor, Tensor, ForwardContext, list[int], list[list[int]]]:
+        """Inputs of the step: ids, positions, context; the row of each sampled sequence's
+        next token, and the rows after each of its drafts."""
         bs = self.pool.block_size
         ids: list[int] = []
         positions: list[int] = []
@@ -146,22 +157,24 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         last_rows: list[int] = []
+        draft_rows: list[list[int]] = []
         for it in batch.items:
             seq, start, row = it.seq, it.seq.num_computed, len(ids)
             end = start + it.n_tokens
-            ids += seq.token_ids[start:end]
+            ids += seq.token_ids[start : end - len(it.drafts)] + it.drafts
             positions += range(start, end)
             table = torch.tensor(seq.block_table)
             pos = torch.arange(start, end)
             slots.append(table[pos // bs] * bs + pos % bs)
-            if it.n_tokens == 1:  # one query: batched with the decode rows
-                decode_rows.append(row)
-                decode_tables.append(seq.block_table)
-                decode_lens.append(end)
+            if it.n_tokens == 1 or it.drafts:  # one query a row: batched with the decode rows
+                decode_rows += range(row, row + it.n_tokens)
+                decode_tables += [seq.block_table] * it.n_tokens
+                decode_lens += range(start + 1, end + 1)  # each sees itself and those before
             else:
                 prefills.append(PrefillSlice(row, it.n_tokens, end, table))
             if it.samples:
-                last_rows.append(len(ids) - 1)
+                last_rows.append(row + it.n_tokens - len(it.drafts) - 1)
+                draft_rows.append(list(range(row + 1, row + it.n_tokens)) if it.drafts else [])
         ctx = ForwardContext(
             self.pool.k,
             self.pool.v,
@@ -169,7 +182,17 @@ class ModelRunner:
             prefills,
             _decode_batch(decode_rows, decode_tables, decode_lens, bs),
         )
-        return torch.tensor(ids), torch.tensor(positions), ctx, last_rows
+        return torch.tensor(ids), torch.tensor(positions), ctx, last_rows, draft_rows
+
+
+def _split_rows(logits: Tensor, rows: list[list[int]]) -> list[Tensor | None]:
+    """logits (sum of len(rows), V) in the order of `rows`, back to one tensor per entry."""
+    out: list[Tensor | None] = []
+    at = 0
+    for r in rows:
+        out.append(logits[at : at + len(r)] if r else None)
+        at += len(r)
+    return out
 
 
 def _scratch(pool: KVCachePool) -> tuple[list[Tensor], list[Tensor]]:
@@ -211,11 +234,3 @@ def _decode_batch(
         torch.tensor(row_blocks),
         torch.tensor(valid),
     )
-
-
-def _token_logprob(out: SamplerOutput, row: int, token_id: int, n_top: int | None) -> TokenLogprob:
-    assert out.logprobs is not None and out.top_token_ids is not None
-    assert out.top_logprobs is not None
-    n = n_top or 0
-    top = list(zip(out.top_token_ids[row, :n].tolist(), out.top_logprobs[row, :n].tolist()))
-    return TokenLogprob(token_id, float(out.logprobs[row]), top)

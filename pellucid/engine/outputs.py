@@ -19,6 +19,9 @@ class Timings:
     decode_tokens: int = 0  # tokens produced by decode steps (the first comes from pre-fill)
     decode_s: float = 0.0
     redraws: int = 0  # times the reply was drawn again from the prompt (Sequence.redraw)
+    # Speculative decoding (engine/drafter.py): guesses checked, and those the model took
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -33,6 +36,11 @@ class Timings:
             f"{self.prompt_tokens} prompt tokens, pre-fill {self.prefill_s * 1000:.0f} ms "
             f"({self.prefill_tokens_per_s:.0f} tok/s), decode {self.decode_tokens} tokens at "
             f"{self.decode_tokens_per_s:.1f} tok/s"
+            + (
+                f", {self.accepted_tokens} of {self.draft_tokens} drafted tokens taken"
+                if self.draft_tokens
+                else ""
+            )
         )
 
 

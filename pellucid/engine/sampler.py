@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -115,6 +116,13 @@ class SamplerOutput:
     logprobs: Tensor | None = None  # (B,) logprob of the chosen token
     top_token_ids: Tensor | None = None  # (B, n) n = largest `logprobs` in the batch; row i
     top_logprobs: Tensor | None = None  # (B, n)     should keep only its first params.logprobs
+
+    def token_logprob(self, row: int, n_top: int) -> TokenLogprob:
+        """Row's chosen token with its logprob and its `n_top` likeliest alternatives."""
+        assert self.logprobs is not None and self.top_token_ids is not None
+        assert self.top_logprobs is not None
+        top = zip(self.top_token_ids[row, :n_top].tolist(), self.top_logprobs[row, :n_top].tolist())
+        return TokenLogprob(int(self.token_ids[row]), float(self.logprobs[row]), list(top))
 
 
 def sample(logits: Tensor, states: Sequence[SamplerState]) -> SamplerOutput:

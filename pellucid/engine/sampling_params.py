@@ -96,6 +96,10 @@ class SamplingParams:
     # The temperature of such a new draw; None: the reply's own (so a greedy one is not drawn
     # again: it would come out the same).
     redraw_temperature: float | None = None
+    # Speculative decoding (engine/drafter.py): guesses of the next tokens, taken from n-grams
+    # already in the sequence, checked in the same forward pass. None: where the engine finds
+    # they pay; True: whenever a guess exists; False: never. The tokens are the same either way.
+    speculative: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -171,6 +175,10 @@ class SamplingParams:
             ),
             "distinct_blocks must be None or two non-empty strings (open tag, close tag), "
             f"got {self.distinct_blocks!r}",
+        )
+        _require(
+            self.speculative is None or isinstance(self.speculative, bool),
+            f"speculative must be None, True or False, got {self.speculative!r}",
         )
         _require(
             isinstance(self.trace, (bool, TraceOptions)),

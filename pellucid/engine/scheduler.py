@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
 from pellucid.engine.sequence import Sequence, Status
+from pellucid.models.quant import DENSE_ROWS
+
+# Rows a step may reach with drafts: past the packed layers' few-rows kernel, a step unpacks
+# matrices (models/quant.py), and a batch this wide is compute-bound: no guess pays there.
+DRAFT_ROWS = DENSE_ROWS
 
 
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
-    n_tokens: int  # tokens pushed through the model this step
+    n_tokens: int  # tokens pushed through the model this step, drafts included
     samples: bool  # True when this step completes its known tokens, so a new one is sampled
+    # guesses at the tokens after its last (engine/drafter.py), pushed after it and checked
+    drafts: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -50,14 +57,21 @@ class Scheduler:
     def schedule(self) -> Batch:
         budget = self.cfg.max_num_batched_tokens
         items: list[ScheduledSeq] = []
+        spare_rows = DRAFT_ROWS - len(self.running)
         i = 0
         while i < len(self.running) and budget > 0:  # running first, oldest first
             seq = self.running[i]
             n = min(seq.num_pending, budget)
             if not self._make_room(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next one
-            items.append(self._item(seq, n))
-            budget -= n
+            item = self._item(seq, n)
+            if n == 1 and seq.drafter is not None and spare_rows > 0:
+                rows = DRAFT_ROWS - spare_rows  # in the step so far, or still to come
+                item.drafts = self._drafts(seq, min(spare_rows, budget - 1), rows)
+                item.n_tokens += len(item.drafts)
+                spare_rows -= len(item.drafts)
+            items.append(item)
+            budget -= item.n_tokens
             i += 1
         preempted = self.num_preemptions
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
@@ -78,6 +92,20 @@ class Scheduler:
 
     def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
         return ScheduledSeq(seq, n, samples=seq.num_computed + n == len(seq.token_ids))
+
+    def _drafts(self, seq: Sequence, most: int, rows: int) -> list[int]:
+        """Guesses at seq's next tokens, at most `most`, within its max_tokens and context, for
+        a step of `rows` rows without them; [] where its blocks cannot grow for them without
+        taking another's."""
+        room = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - len(seq.token_ids))
+        assert seq.drafter is not None
+        force = seq.params.speculative is True
+        drafts = seq.drafter.propose(seq.token_ids, min(most, room - 1), force, rows)
+        if drafts and not self.block_manager.grow(
+            seq.block_table, seq.num_computed + 1 + len(drafts)
+        ):
+            return []
+        return drafts
 
     def _make_room(self, seq: Sequence, n: int) -> bool:
         """Grow seq's blocks for n more tokens, preempting the newest sequences if needed."""
@@ -119,12 +147,13 @@ class Scheduler:
         the step's time to each sequence (pre-fill until its first token, decode after)."""
         for it in batch.items:
             seq = it.seq
-            if seq.output_ids and it.n_tokens == 1:
+            n = it.n_tokens - len(it.drafts)  # the drafts count once they are taken
+            if seq.output_ids and n == 1:
                 seq.timings.decode_s += seconds
                 seq.timings.decode_tokens += 1
             else:
                 seq.timings.prefill_s += seconds
-            seq.num_computed += it.n_tokens
+            seq.num_computed += n
             seq.num_sealed_blocks = self.block_manager.seal_full_blocks(
                 seq.block_table, seq.token_ids, seq.num_sealed_blocks, seq.num_computed
             )

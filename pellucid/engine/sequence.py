@@ -10,6 +10,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from pellucid.engine.block_filter import BlockFilter
+from pellucid.engine.drafter import NgramDrafter
 from pellucid.engine.loops import KEEP, is_looping
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
 from pellucid.engine.sampler import SamplerState
@@ -62,6 +63,7 @@ class Sequence:
         self.trace: Recorder | None = None  # set by the engine when the request asks for one
         self.on_output: Callable[[RequestOutput], None] | None = None  # its owner, if it has one
         self.redraw_due = False  # set by append: the engine is to call redraw()
+        self.drafter: NgramDrafter | None = None  # set by the engine where it may draft
         self._tokenizer = tokenizer
         self._start_reply()
 
@@ -137,6 +139,8 @@ class Sequence:
         del self.token_ids[len(self.prompt_ids) :]
         self.output_ids.clear()
         self.sampler_state.restart(self.prompt_ids)
+        if self.drafter is not None:
+            self.drafter.forget()
         self._start_reply()
         self.timings.redraws += 1
         self.redraw_due = False

@@ -35,7 +35,7 @@ def traced_items(batch: Batch) -> list[TracedItem]:
         return []
     found, row, n_prefill, n_decode, n_sample = [], 0, 0, 0, 0
     for it in batch.items:  # the same walk as ModelRunner.prepare
-        is_decode = it.n_tokens == 1
+        is_decode = it.n_tokens == 1 or bool(it.drafts)  # drafts: a decode row each
         if it.seq.trace is not None:
             found.append(
                 TracedItem(
@@ -47,7 +47,8 @@ def traced_items(batch: Batch) -> list[TracedItem]:
                 )
             )
         row += it.n_tokens
-        n_decode, n_prefill = n_decode + is_decode, n_prefill + (not is_decode)
+        n_decode += it.n_tokens if is_decode else 0
+        n_prefill += not is_decode
         n_sample += it.samples
     return found
 
@@ -57,7 +58,7 @@ def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
     for t in traced:
         ctx.capture_attention.update(t.item.seq.trace.options.attention_layers)
     rows = [
-        t.first_row + t.item.n_tokens - 1
+        t.first_row + t.item.n_tokens - len(t.item.drafts) - 1  # its own token's row
         for t in traced
         if t.item.samples and t.item.seq.trace.options.logit_lens
     ]
@@ -119,8 +120,9 @@ def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
     for layer, kept in ctx.attention.items():
         if t.prefill_index is not None:
             out[layer] = kept[t.prefill_index][0]  # (heads, q_len, ctx)
-        else:
+        else:  # one decode row, or one per token with drafts, padded to the longest
             assert ctx.decode is not None
-            n = int(ctx.decode.ctx_lens[t.decode_index])
-            out[layer] = kept[len(ctx.prefills)][t.decode_index, :, :, :n]  # (heads, 1, n)
+            rows = range(t.decode_index, t.decode_index + t.item.n_tokens)
+            n = int(ctx.decode.ctx_lens[rows[-1]])
+            out[layer] = kept[len(ctx.prefills)][list(rows), :, 0, :n].transpose(0, 1)
     return out

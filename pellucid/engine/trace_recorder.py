@@ -166,6 +166,32 @@ class Recorder:
             self._raw[len(trace.steps) - 1] = raw
         self._pending, self.capture_s = None, 0.0
 
+    def keep_drafted_token(self, logits: Tensor, token_id: int, state: SamplerState) -> None:
+        """A token drawn from a draft's row (logits (V,)), in the pass of the last step that
+        ran one: its own step, with no time of its own."""
+        steps = self._trace.steps
+        source = next(s for s in reversed(steps) if s.drafted_in is None)
+        token = Candidate(token_id, self.tokenizer.id_to_piece(token_id), 0.0)
+        step = copy.copy(source)
+        step.index, step.token, step.seconds, step.bytes_moved = len(steps), token, 0.0, 0
+        step.trace_seconds, step.draft, step.draft_taken = 0.0, [], 0
+        step.context_tokens, step.drafted_in = steps[-1].context_tokens + 1, source.index
+        steps.append(step)
+        self._raw[step.index] = _Raw(logits.clone(), _snapshot(state), None)
+
+    def note_draft(self, guesses: list[int], taken: int) -> None:
+        """The guesses the last forward pass checked, `taken` of them the model's own."""
+        source = next(s for s in reversed(self._trace.steps) if s.drafted_in is None)
+        source.draft = [Candidate(i, self.tokenizer.id_to_piece(i), 0.0) for i in guesses]
+        source.draft_taken = taken
+        # the pass's attention rows: its own token's, then one per guess; only the guesses
+        # taken became positions of the sequence
+        first = source.context_tokens - 1
+        self._attention = [
+            (layer, pos, probs[:, : 1 + taken] if pos == first else probs)
+            for layer, pos, probs in self._attention
+        ]
+
     def finish(self, text: str, reason: str | None) -> None:
         self._trace.output_text, self._trace.finish_reason = text, reason
 

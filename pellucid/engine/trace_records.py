@@ -88,6 +88,13 @@ class Step:
     kv_blocks: int  # blocks this request holds after the step
     bytes_moved: int  # weights read once + every sequence's K/V read and written
     trace_seconds: float = 0.0  # time spent recording this step (not in `seconds`)
+    # Speculative decoding (engine/drafter.py): the guesses its forward pass checked, the first
+    # at this token's own position, and how many the model agreed with ...
+    draft: list[Candidate] = field(default_factory=list)
+    draft_taken: int = 0
+    # ... and, on each token those agreements gained, the step whose pass produced it: such a
+    # token had no forward pass of its own (seconds 0)
+    drafted_in: int | None = None
 
     @property
     def gb_per_s(self) -> float:
@@ -149,6 +156,11 @@ class Trace:
     @property
     def decode_steps(self) -> list[Step]:
         return self.steps[1:]
+
+    @property
+    def forward_steps(self) -> list[Step]:
+        """The decode steps that ran a forward pass (not tokens gained from a draft)."""
+        return [s for s in self.decode_steps if s.drafted_in is None]
 
     def attention_for(self, layer: int) -> AttentionMap | None:
         return next((a for a in self.attention if a.layer == layer), None)

@@ -63,6 +63,28 @@ class ServerMetrics:
             ["model_name"],
             registry=self.registry,
         ).labels(**labels)
+        # vLLM's names: the acceptance rate is accepted / draft
+        self.draft_tokens = Counter(
+            PREFIX + "spec_decode_num_draft_tokens",
+            "Guessed tokens checked by speculative decoding (engine/drafter.py).",
+            ["model_name"],
+            registry=self.registry,
+        ).labels(**labels)
+        self.accepted_tokens = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens",
+            "Guessed tokens the model agreed with, each a token without a step of its own.",
+            ["model_name"],
+            registry=self.registry,
+        ).labels(**labels)
+        self.drafted_total = self.accepted_total = 0
+        Gauge(
+            PREFIX + "spec_decode_draft_acceptance_rate",
+            "Share of guessed tokens the model agreed with, since the server started.",
+            ["model_name"],
+            registry=self.registry,
+        ).labels(**labels).set_function(
+            lambda: self.accepted_total / self.drafted_total if self.drafted_total else 0.0
+        )
         self.success = Counter(
             PREFIX + "request_success",
             "Finished sequences by finish reason.",
@@ -108,6 +130,10 @@ class ServerMetrics:
         self.queue_time.observe(out.timings.queued_s)
         self.prompt_tokens.inc(len(out.prompt_token_ids))
         self.generation_tokens.inc(len(out.token_ids))
+        self.draft_tokens.inc(out.timings.draft_tokens)
+        self.accepted_tokens.inc(out.timings.accepted_tokens)
+        self.drafted_total += out.timings.draft_tokens
+        self.accepted_total += out.timings.accepted_tokens
         reason = out.finish_reason or "unknown"
         self.success.labels(model_name=self.model_name, finished_reason=reason).inc()
 

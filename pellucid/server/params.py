@@ -179,6 +179,7 @@ def sampling_params(
                     logprobs=logprobs,
                     ignore_eos=request.ignore_eos,
                     trace=_trace_options(llm, request.trace),
+                    speculative=request.speculative,
                     **prompt.sampling,
                     **given,
                 )

@@ -52,6 +52,9 @@ class SamplingRequest(BaseModel):
     # pellucid's extension: record how each choice was generated; the response carries it in
     # `pellucid.traces` (non-streaming), which OpenAI clients ignore.
     trace: bool | TraceRequest = False
+    # pellucid's extension: speculative decoding from the reply's own n-grams; None: where the
+    # engine finds it pays, True: wherever a draft is found, False: never (same tokens either way)
+    speculative: bool | None = None
 
 
 class TextPart(BaseModel):

@@ -90,6 +90,8 @@ def timings(outputs: list[RequestOutput]) -> dict[str, object]:
                 "decode_tokens": o.timings.decode_tokens,
                 "decode_s": round(o.timings.decode_s, 6),
                 "redraws": o.timings.redraws,
+                "draft_tokens": o.timings.draft_tokens,
+                "accepted_tokens": o.timings.accepted_tokens,
             }
             for o in outputs
         ]

@@ -82,7 +82,7 @@ def prefill(ex: Explanation, console: Console, number: int) -> None:
             f"{p.cached_tokens} more came from the prefix cache (computed by an "
             "earlier request with the same start), so their K/V were reused."
         )
-    decode = t.decode_steps
+    decode = t.forward_steps
     if decode:
         step_s = sum(s.seconds for s in decode) / len(decode)
         console.print(
@@ -214,23 +214,53 @@ def kv_cache(ex: Explanation, console: Console, number: int) -> None:
 # --- 5 · The autoregressive loop ------------------------------------------------------------
 def autoregressive(ex: Explanation, console: Console, number: int) -> None:
     t = ex.trace
-    _title(console, number, f"The autoregressive loop: {len(t.steps)} tokens, one at a time")
+    passes = len(t.forward_steps) + bool(t.steps)
+    how = "one at a time" if passes == len(t.steps) else f"in {passes} forward passes"
+    _title(console, number, f"The autoregressive loop: {len(t.steps)} tokens, {how}")
     table = Table("step", "token", "p", "near misses (raw model)", "time", "GB/s")
+    drafting = any(s.draft for s in t.steps)
+    if drafting:
+        table.add_column("guesses checked in its pass (taken · refused)")
     for s in t.steps:
         misses = [c for c in s.stages[0].top if c.id != s.token.id][:3]
-        table.add_row(
+        row = [
             str(s.index) + (" (pre-fill)" if s.index == 0 else ""),
             piece(s.token.piece),
             pct(s.token.prob),
             Text(", ").join(Text.assemble(piece(c.piece), f" {pct(c.prob)}") for c in misses),
-            ms(s.seconds),
-            f"{s.gb_per_s:.1f}",
-        )
+            ms(s.seconds) if s.drafted_in is None else f"in step {s.drafted_in}",
+            f"{s.gb_per_s:.1f}" if s.drafted_in is None else "",
+        ]
+        table.add_row(*row, *([draft(s)] if drafting else []))
     console.print(table)
+    if drafting:
+        drafts_summary(t, console)
     if t.steps:
         stages(t.steps[0], console)
         lens(t.steps[0], console)
     bandwidth(t, console)
+
+
+def draft(step: Step) -> Text:
+    """A step's guesses: the ones the model agreed with in green, the first refused in red,
+    the unchecked rest dim."""
+    out = Text()
+    for i, c in enumerate(step.draft):
+        style = "green" if i < step.draft_taken else "red" if i == step.draft_taken else "dim"
+        out.append(piece(c.piece).plain + " ", style=style)
+    return out
+
+
+def drafts_summary(t: Trace, console: Console) -> None:
+    guessed = sum(len(s.draft) for s in t.steps)
+    taken = sum(s.draft_taken for s in t.steps)
+    console.print(
+        f"Speculative decoding: the next tokens were guessed from n-grams already in the prompt "
+        f"and reply, and checked in the same forward pass as the step's own token. {taken} of "
+        f"{guessed} guesses were what the model would have chosen anyway: {taken} tokens "
+        "came without a pass of their own. The first refused guess ends a draft; its K/V is "
+        "overwritten by the next pass."
+    )
 
 
 def stages(step: Step, console: Console) -> None:
@@ -263,7 +293,7 @@ def lens(step: Step, console: Console) -> None:
 
 
 def bandwidth(t: Trace, console: Console) -> None:
-    decode = t.decode_steps
+    decode = t.forward_steps
     if not decode:
         return
     gbs = sum(s.gb_per_s for s in decode) / len(decode)
