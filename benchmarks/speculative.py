@@ -144,6 +144,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
     drafts: dict[str, dict[str, tuple[int, int]]] = {t: {} for t in prompts}
     batch: dict[str, list[float]] = {m: [] for m in ("off", "auto")}
     batch_replies: dict[str, list[list[int]]] = {}
+    batch_drafts = 0  # guesses made in the 8-at-once runs (none: the same steps as off)
     eight = [prompts[name] for name in [*prompts, *list(prompts)[:3]]]
     llm.generate(prompts["free prose"], base)  # warm-up
     for _ in range(args.repeats):
@@ -161,6 +162,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
             seconds = time.perf_counter() - start
             rates.append(sum(len(o.token_ids) for o in outs) / seconds)
             batch_replies[mode] = [o.token_ids for o in outs]
+            batch_drafts += sum(o.timings.draft_tokens for o in outs)
     return {
         "model": args.model,
         "max_tokens": args.max_tokens,
@@ -175,6 +177,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
         "accepted_of_drafted": drafts,
         "eight_at_once_tok_s": {m: summarize(v) for m, v in batch.items()},
         "eight_same_replies": batch_replies["auto"] == batch_replies["off"],
+        "eight_drafted_tokens": batch_drafts,
         "same_reply_eager": same_eager(args, prompts, base),
         "prompt_ids": prompts,
         "stop_ids": sorted(llm.tokenizer.eos_ids),
@@ -306,7 +309,7 @@ def print_table(result: dict) -> None:
     print(
         f"8 at once: off {eight['off']['median']:.0f} tok/s, auto {eight['auto']['median']:.0f} "
         f"tok/s ({eight['auto']['median'] / eight['off']['median']:.2f}x), same replies: "
-        f"{result['eight_same_replies']}"
+        f"{result['eight_same_replies']}, guesses made: {result['eight_drafted_tokens']}"
     )
     geo = statistics.geometric_mean(
         single[t]["auto"]["median"] / single[t]["off"]["median"]

@@ -92,10 +92,14 @@ def test_draft_length_follows_how_often_guesses_are_taken():
     assert d.chance > low
 
 
-def test_a_draft_in_a_wide_step_needs_better_odds():
-    """In a batch of 6 rows, a draft slows 5 other sequences too."""
+def test_a_draft_in_a_wide_step_or_a_long_context_needs_better_odds():
+    """In a batch of 6 rows, a draft slows 5 other sequences too; at 8k tokens of context,
+    each guess's row reads as many keys as the step's own."""
     assert best_draft_len(0.6, 4, rows=6) < best_draft_len(0.6, 4, rows=1)
     assert best_draft_len(0.3, 4, rows=6) == 0
+    assert best_draft_len(0.7, MAX_DRAFT, context=100) >= 2
+    assert best_draft_len(0.7, MAX_DRAFT, context=8000) == 0
+    assert best_draft_len(0.99, MAX_DRAFT, context=8000) > 0
 
 
 def test_unforced_drafter_stops_guessing_when_guesses_miss_and_looks_again_later():

@@ -39,36 +39,48 @@ NGRAM_SIZES = (4, 3, 2)
 MAX_DRAFT = 7
 # How far past the cursor the token just produced is looked for (a copy's small changes).
 CURSOR_WINDOW = 8
-# What one more row adds to a step's time, as a share of a one-row step (SmolLM2 int4 on 2
-# cores: 1, 2, 3, 4 rows took 7.7, 9.0, 9.5, 11.1 ms a step, then 5 and 8 rows 13.4 and 23.6).
-# Fixed rather than measured as the engine runs: the same request then drafts the same way
-# every time, and a noisy neighbour's slow step does not turn drafting off.
+# What a decode step costs, in one-row steps at no context: each row beyond the first adds
+# ROW_COST to the matrix products, up to FEW_ROWS rows, and WIDE_ROW_COST past them; and every
+# row reads its whole context's keys and values, ATTEND_COST a token. Measured on SmolLM2 int4,
+# 2 cores (AVX2): 1, 2, 3, 4, 5, 6, 8 rows at short contexts took 7.7, 9.0, 9.5, 11.1, 13.4,
+# 18.5, 23.6 ms a step; 1, 2, 4 rows at 512 tokens 9.7, 14.7, 23.1, at 2,048 tokens 18.3, 32.2,
+# 64.4. So a guess costs little in a step of one or two rows at a short context, and nearly a
+# step of its own at a long one or in a wide batch: drafts pay there only when almost every
+# guess is taken. Fixed rather than measured as the engine runs: the same request then drafts
+# the same way every time, whatever a noisy neighbour does to one step.
 ROW_COST = 0.2
+FEW_ROWS = 4
+WIDE_ROW_COST = 0.4
+ATTEND_COST = 0.0009
 # A draft must promise this much more than a plain step, or it is not made.
 MARGIN = 1.05
 # How fast the estimated chance of a guess being taken follows the latest guesses.
 SMOOTHING = 0.2
 # After this many steps without a draft (guesses were too often wrong), a one-token draft is
-# made to look again: what a reply copies changes as it goes (prose, then a quoted table).
+# made to look again, where one would pay at RETRY_CHANCE: what a reply copies changes as it
+# goes (prose, then a quoted table).
 RETRY_AFTER = 16
+RETRY_CHANCE = 0.8
 
 
-def step_cost(rows: int) -> float:
-    """A decode step of `rows` rows, in one-row steps (ROW_COST a row beyond the first)."""
-    return 1 + ROW_COST * (rows - 1)
+def step_cost(rows: int, context: int) -> float:
+    """A decode step of `rows` rows of about `context` tokens each, in one-row steps at none."""
+    few, wide = min(rows, FEW_ROWS) - 1, max(rows - FEW_ROWS, 0)
+    return 1 + ROW_COST * few + WIDE_ROW_COST * wide + ATTEND_COST * context * rows
 
 
-def best_draft_len(chance: float, most: int, rows: int = 1) -> int:
+def best_draft_len(chance: float, most: int, rows: int = 1, context: int = 0) -> int:
     """The number of guesses that makes the step yield the most tokens per second, where each
     is taken with probability `chance` until the first that is not, in a step of `rows` rows
-    besides the guesses; 0 where no draft beats a plain step. A draft of k yields
-    1 + chance + ... + chance^k tokens for its sequence, and slows the step (and the other
-    rows' sequences) by k rows."""
+    (of about `context` tokens) besides the guesses; 0 where no draft beats a plain step. A
+    draft of k yields 1 + chance + ... + chance^k tokens for its sequence, and slows the step
+    (and the other rows' sequences) by k rows."""
     best, best_gain = 0, MARGIN
     expected = 1.0
+    plain = step_cost(rows, context)
     for k in range(1, most + 1):
         expected += chance**k
-        gain = (rows - 1 + expected) / rows * step_cost(rows) / step_cost(rows + k)
+        gain = (rows - 1 + expected) / rows * plain / step_cost(rows + k, context)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
@@ -103,9 +115,10 @@ class NgramDrafter:
         self.source = None
         n = min(most, MAX_DRAFT)
         if not force:
-            n = best_draft_len(self.chance, n, rows)
-            if n == 0 and most > 0 and self.idle_steps >= RETRY_AFTER:
-                n = 1
+            context = len(token_ids)
+            n = best_draft_len(self.chance, n, rows, context)
+            if n == 0 and self.idle_steps >= RETRY_AFTER:
+                n = best_draft_len(RETRY_CHANCE, min(most, 1), rows, context)
         start = self._copy_point(token_ids) if n > 0 else None
         if start is None:
             self.idle_steps += 1

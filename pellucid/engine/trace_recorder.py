@@ -172,10 +172,19 @@ class Recorder:
         steps = self._trace.steps
         source = next(s for s in reversed(steps) if s.drafted_in is None)
         token = Candidate(token_id, self.tokenizer.id_to_piece(token_id), 0.0)
-        step = copy.copy(source)
-        step.index, step.token, step.seconds, step.bytes_moved = len(steps), token, 0.0, 0
-        step.trace_seconds, step.draft, step.draft_taken = 0.0, [], 0
-        step.context_tokens, step.drafted_in = steps[-1].context_tokens + 1, source.index
+        step = Step(
+            len(steps),
+            token,
+            0.0,
+            [],
+            [],
+            0.0,
+            source.batch_size,
+            steps[-1].context_tokens + 1,
+            source.kv_blocks,
+            0,
+            drafted_in=source.index,
+        )
         steps.append(step)
         self._raw[step.index] = _Raw(logits.clone(), _snapshot(state), None)
 
