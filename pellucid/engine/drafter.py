@@ -41,13 +41,12 @@ MAX_DRAFT = 7
 CURSOR_WINDOW = 8
 # What a decode step costs, in one-row steps at no context: each row beyond the first adds
 # ROW_COST to the matrix products, up to FEW_ROWS rows, and WIDE_ROW_COST past them; and every
-# row reads its whole context's keys and values, ATTEND_COST a token. Measured on SmolLM2 int4,
-# 2 cores (AVX2): 1, 2, 3, 4, 5, 6, 8 rows at short contexts took 7.7, 9.0, 9.5, 11.1, 13.4,
-# 18.5, 23.6 ms a step; 1, 2, 4 rows at 512 tokens 9.7, 14.7, 23.1, at 2,048 tokens 18.3, 32.2,
-# 64.4. So a guess costs little in a step of one or two rows at a short context, and nearly a
-# step of its own at a long one or in a wide batch: drafts pay there only when almost every
-# guess is taken. Fixed rather than measured as the engine runs: the same request then drafts
-# the same way every time, whatever a noisy neighbour does to one step.
+# row reads its whole context's keys and values, ATTEND_COST a token (fitted to SmolLM2 int4's
+# steps of 1-8 rows at 64-2,048 tokens: benchmarks/results/comments.md). So a guess costs little
+# in a step of one or two rows at a short context, and nearly a step of its own at a long one
+# or in a wide batch: drafts pay there only when almost every guess is taken. Fixed rather than
+# measured as the engine runs: the same request then drafts the same way every time, whatever a
+# noisy neighbour does to one step.
 ROW_COST = 0.2
 FEW_ROWS = 4
 WIDE_ROW_COST = 0.4
