@@ -12,7 +12,10 @@ server: `pellucid serve` driven by the official `openai` client the way its user
 model, messages, tools and tool_choice and nothing else, so temperature, top_p, max_tokens and
 parallel_tool_calls are the server's defaults (greedy for a reply that must call, the model's
 recommended sampling otherwise, up to the end of the context, parallel calls allowed); 16
-requests in flight. The grammar is always on there.
+requests in flight. The grammar is always on there. Irrelevance alone also sends max_tokens
+4096, as BFCL's own harness does for local models (min(4096, context - prompt)): a quarter of
+SmolLM2's free-text replies there loop to the end of the 8k context, and rows that long make
+steps of a few hundred ms.
 
 tool_choice is "required" except for irrelevance ("auto"). Per category and route: valid replies,
 AST accuracy, duplicate calls, replies cut at max_tokens (bfcl.py says how each is counted).
@@ -58,6 +61,7 @@ from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
 
 DEFAULT_LIMIT = 30  # entries per category; 0 runs them all (1,240)
 IN_FLIGHT = 16  # server route: requests sent at once, so the engine batches them
+BFCL_LOCAL_MAX_TOKENS = 4096
 
 
 def python_reply(out: RequestOutput) -> Reply:
@@ -144,6 +148,8 @@ async def server_route(
     # No client timeout short of an hour: a reply that loops runs to the end of the context.
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="-", max_retries=0, timeout=3600)
     gate = asyncio.Semaphore(IN_FLIGHT)
+    # BFCL's harness for local models (base_oss_handler) caps a reply at 4096 tokens
+    limit = {"max_tokens": BFCL_LOCAL_MAX_TOKENS} if category.tool_choice == "auto" else {}
 
     async def one(e: dict) -> Reply | str:
         tools, _, _ = openai_tools(e)
@@ -155,6 +161,7 @@ async def server_route(
                         messages=e["question"][0],
                         tools=tools,
                         tool_choice=category.tool_choice,
+                        **limit,
                     )
                 )
             except openai.BadRequestError as err:
