@@ -135,9 +135,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
     from pellucid.config import EngineConfig
 
     llm = LLM(args.model, engine=EngineConfig(enable_prefix_caching=False))
-    prompts = {
-        name: llm.encode_chat(llm.tokenizer.apply_chat_template(m)) for name, m in tasks().items()
-    }
+    prompts = {name: llm.chat_prompt(messages) for name, messages in tasks().items()}
     base = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     single: dict[str, dict[str, list[float]]] = {t: {m: [] for m in MODES} for t in prompts}
     replies: dict[str, dict[str, list[int]]] = {t: {} for t in prompts}

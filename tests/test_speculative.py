@@ -37,7 +37,7 @@ def chat_ids(llm: LLM, messages: list[dict]) -> list[int]:
     """The request as a chat, or for a base model (Gemma 3 270M) as text to complete."""
     if llm.tokenizer.chat_template is None:
         return llm.tokenizer.encode(messages[-1]["content"] + "\n\nThe same, written again:\n")
-    return llm.encode_chat(llm.tokenizer.apply_chat_template(messages))
+    return llm.chat_prompt(messages)
 
 
 def both_ways(llm: LLM, ids: list[int], params: SamplingParams):

@@ -19,7 +19,8 @@ class Timings:
     decode_tokens: int = 0  # tokens produced by decode steps (the first comes from pre-fill)
     decode_s: float = 0.0
     redraws: int = 0  # times the reply was drawn again from the prompt (Sequence.redraw)
-    # Speculative decoding (engine/drafter.py): guesses checked, and those the model took
+    # Speculative decoding (engine/drafter.py): guesses pushed through the model (those after
+    # the first refused one go unchecked), and those the model took
     draft_tokens: int = 0
     accepted_tokens: int = 0
 

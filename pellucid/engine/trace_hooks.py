@@ -99,7 +99,7 @@ def end_step(batch: Batch, seconds: float) -> None:
         seq = it.seq
         seq.trace.end_step(
             StepFacts(
-                start=seq.num_computed - it.n_tokens,
+                start=seq.num_computed - (it.n_tokens - len(it.drafts)),  # drafts: not counted
                 n_tokens=it.n_tokens,
                 samples=it.samples,
                 prefilling=not seq.output_ids,
