@@ -347,6 +347,11 @@ def test_smolagents_completes_a_tool_task(server: Running) -> None:
     assert "France" in asked  # smolagents parsed our tool_calls and ran the tool
     steps = [s for s in agent.memory.steps if getattr(s, "tool_calls", None)]
     assert all(c.name in ("capital_of", "final_answer") for s in steps for c in s.tool_calls)
-    # The 135M model keeps calling the tool rather than final_answer, so smolagents ends with
-    # its max-steps answer, written from the observations it sent back to the server.
-    assert "Paris" in str(answer)
+    # The tool's result went back to the server as a message, and the server answered it: the
+    # step after the first call was asked with "Paris" in its input and got a reply. What the
+    # 135M model then writes (final_answer, another call, or a call spelled out in prose that
+    # smolagents' max-steps answer returns) is the model's choice, not the server's.
+    later = [s for s in agent.memory.steps[1:] if getattr(s, "model_input_messages", None)]
+    assert any("Paris" in str(s.model_input_messages) for s in later)
+    assert all(s.model_output_message is not None for s in later)
+    assert str(answer).strip()
