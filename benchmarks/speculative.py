@@ -12,10 +12,9 @@ repository with a variable renamed), and free prose. pellucid runs the default f
 (int4, the decode steps compiled ahead) in three ways: drafts off, drafts where the engine finds
 they pay (the default), and a draft wherever one is found (`speculative=True`). Decode tok/s is
 the reply's tokens after the first over the decode steps' time, as `Timings` counts it.
-Greedy replies are compared twice: on that path, whose compiled steps of one row and of a few
-rows round differently (so a reply there also changes when a batch-mate shares its steps), and
-on the eager int4 path, whose numbers do not depend on a step's rows: there drafts must leave
-every reply unchanged.
+Greedy replies are compared twice, and drafts must leave every reply unchanged on both paths:
+on that one (one graph for steps of 1-8 rows, whose rows do not change each other's numbers)
+and on the eager int4 path.
 
 llama.cpp (llama-cpp-python, same GGUF, same prompt token ids, same threads) decodes each task
 plainly and with `LlamaPromptLookupDecoding` (num_pred_tokens 2, what its documentation
@@ -183,9 +182,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
 
 
 def same_eager(args: argparse.Namespace, prompts: dict[str, list[int]], base) -> dict[str, bool]:
-    """Per task, whether drafts leave the greedy reply unchanged on the eager int4 path, whose
-    numbers do not depend on a step's rows (the compiled steps of one row and of a few round
-    differently: there a reply changes with drafts as it does with a batch-mate)."""
+    """Per task, whether drafts leave the greedy reply unchanged on the eager int4 path too."""
     from pellucid import LLM
     from pellucid.config import EngineConfig
 

@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--force", action="store_true", help="build again what was built before")
     ahead.add_argument(
         "--kind",
-        choices=["one-row", "few-rows", "many-rows"],  # aot_decode.KINDS
+        choices=["few-rows", "many-rows"],  # aot_decode.KINDS
         help="build one kind of step only (default all; processes can build one each)",
     )
     ahead.set_defaults(run=run_compile)

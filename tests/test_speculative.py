@@ -131,6 +131,24 @@ def test_greedy_output_is_the_same_with_drafts(any_llm, messages):
     assert t.accepted_tokens >= 10, t  # a copy: most guesses are taken
 
 
+def test_greedy_output_is_the_same_with_drafts_on_the_default_path(smollm2_path):
+    """The default path (int4, its decode step compiled ahead): a step with guesses runs the
+    same graph as one without (engine/aot_decode.py), so the reply and its logprobs are the same
+    to the bit. Without the prefix cache, both pre-fill the prompt alike."""
+    llm = LLM(smollm2_path, engine=EngineConfig(enable_prefix_caching=False))
+    decode = llm.engine.model_runner.compiled_decode
+    if decode is None or decode.ahead.get(1) is None:
+        pytest.skip("no few-row package built for SmolLM2 here (make run builds it)")
+    before = decode.steps
+    for messages in (COPY, JSON_EDIT):
+        params = SamplingParams(temperature=0, max_tokens=80, logprobs=0)
+        plain, drafted = both_ways(llm, chat_ids(llm, messages), params)
+        assert drafted.token_ids == plain.token_ids
+        assert [t.logprob for t in drafted.logprobs] == [t.logprob for t in plain.logprobs]
+        assert drafted.timings.accepted_tokens >= 10, drafted.timings
+    assert decode.steps - before > 80  # the decode steps ran on the package
+
+
 def test_default_drafting_pays_on_a_copy_and_leaves_the_text_alone(smollm2):
     ids = chat_ids(smollm2, COPY)
     params = SamplingParams(temperature=0, max_tokens=80)

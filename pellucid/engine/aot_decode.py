@@ -13,10 +13,14 @@ is what the graph bakes in, so its name covers those: the model's class and conf
 and dtype of every weight, pellucid's model code, torch's version and the CPU's vector
 extensions. Any checkpoint of the same architecture shares it.
 
-Kinds of step, as in compiled_decode.py: one row, a few rows (2..DENSE_ROWS), and many (up to
-128: a batch of decoding requests, multiplied by the packed layers' dense copies); the number of
-rows, the block-table width and the pool's size are dynamic. The dense copies exist only once a
-batch needs them (models/quant.py), so the package for many rows is loaded at its first step.
+Two packages: one for a few rows (1..DENSE_ROWS: a request alone, its guesses (drafter.py), a
+few batch-mates) and one for many (up to 128: a batch of decoding requests, multiplied by the
+packed layers' dense copies); the number of rows, the block-table width and the pool's size are
+dynamic. One graph for one row and for a few, unlike torch.compile's (compiled_decode.py), which
+specializes one row: the graph's code is the same for every row count, so a row's logits do not
+change when guesses or a batch-mate join it, and a greedy reply is the same either way. The
+dense copies exist only once a batch needs them (models/quant.py), so the package for many rows
+is loaded at its first step.
 Steps of more rows, pre-fill and traced steps stay eager (or go to torch.compile with
 `compile=True`).
 
@@ -37,7 +41,8 @@ from torch import Tensor, nn
 
 from pellucid.atomic import atomic_path
 from pellucid.cpu import isa_flags
-from pellucid.engine.compiled_decode import most_rows
+from pellucid.engine.compiled_decode import KINDS as STEP_KINDS
+from pellucid.engine.compiled_decode import Example, most_rows
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
@@ -45,8 +50,9 @@ from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")
 LOAD_ERRORS = (RuntimeError, KeyError, OSError, zipfile.BadZipFile)  # a package that will not load
-# compiled_decode.kind() -> the package's name
-KINDS = {1: "one-row", 2: "few-rows", DENSE_ROWS + 1: "many-rows"}
+# the package's fewest rows -> its name; it serves the kinds of step (compiled_decode.kind) from
+# there to the next package's
+KINDS = {1: "few-rows", DENSE_ROWS + 1: "many-rows"}
 # The compiler's options for every kernel of the step: see compiled_decode.OPTIONS.
 OPTIONS = {
     "size_asserts": False,
@@ -114,17 +120,17 @@ def named_tensors(model: LlamaModel) -> dict[str, Tensor]:
     return found
 
 
-def build(
-    model: LlamaModel, example: tuple[Tensor, Tensor, ForwardContext], kind: int, path: Path
-) -> None:
-    """Export and compile the step for `kind`, on `example` (a decode step of that many rows,
-    written to a scratch pool), into the package at `path`. Takes 2-3 minutes on 2 cores."""
+def build(model: LlamaModel, example: Example, kind: int, path: Path) -> None:
+    """Export and compile the package whose fewest rows are `kind`, on an `example` step
+    (written to a scratch pool), into `path`. Takes a few minutes on 2 cores."""
     use_fbgemm_head(model)
     if kind > DENSE_ROWS:
         make_dense(model)  # the graph reads them, as the model's own tensors
-    dims = _dims(example[2], kind)
+    # export would specialize a size that is 1 in the example: the few-row one is traced on 2
+    step = example(max(kind, 2))
+    dims = _dims(step[2], kind)
     # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
-    ep = torch.export.export(DecodeStep(model), _args(*example), dynamic_shapes=dims, strict=True)
+    ep = torch.export.export(DecodeStep(model), _args(*step), dynamic_shapes=dims, strict=True)
     with atomic_path(path) as tmp:
         full = tmp.with_name(tmp.name + ".full.pt2")
         try:
@@ -184,15 +190,27 @@ def start_head_packing(model: LlamaModel) -> None:
 
 
 def load(model: LlamaModel) -> dict[int, AotDecode]:
-    """The packages built for this model's architecture, by kind of step; {} when none is."""
+    """The packages built for this model's architecture, by the kinds of step they serve
+    (compiled_decode.kind); {} when none is."""
     loaded = {}
     for kind, path in package_paths(model).items():
         if path.exists():
             try:
-                loaded[kind] = AotDecode(path, model, kind)
+                package = AotDecode(path, model, kind)
             except LOAD_ERRORS as e:
                 log.warning("could not load %s (%s); run `pellucid compile` again", path, e)
+                continue
+            fewest, most = rows_of(kind)
+            loaded |= {k: package for k in STEP_KINDS if fewest <= k <= most}
     return loaded
+
+
+def rows_of(kind: int) -> tuple[int, int]:
+    """The fewest and the most rows of the package named by `kind`."""
+    later = [k for k in KINDS if k > kind]
+    most = later[0] - 1 if later else most_rows(kind)
+    assert most is not None, "the last kind of step a package serves has a bound"
+    return kind, most
 
 
 def _args(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> tuple:
@@ -202,17 +220,18 @@ def _args(ids: Tensor, positions: Tensor, ctx: ForwardContext) -> tuple:
 
 
 def _dims(ctx: ForwardContext, kind: int) -> tuple:
-    """Which sizes vary between calls: the rows (a graph for one row has exactly one), the
-    block-table width, the blocks the rows use in all, and the pool's number of blocks."""
+    """Which sizes vary between calls: the rows, the block-table width, the blocks the rows use
+    in all, and the pool's number of blocks."""
     from torch.export import Dim
 
-    rows = None if kind == 1 else Dim("rows", min=kind, max=most_rows(kind))
+    fewest, most = rows_of(kind)
+    rows = Dim("rows", min=fewest, max=most)
     width, total = Dim("width", min=2, max=1 << 16), Dim("total", min=2, max=1 << 20)
     pool = Dim("pool", min=2, max=1 << 24)
-    b, bw = ({0: rows}, {0: rows, 1: width}) if rows is not None else (None, {1: width})
+    b, bw = {0: rows}, {0: rows, 1: width}
     decode = [b, bw, b, {0: total}, {0: total}, {0: total}, bw, bw]
     kv = [{0: pool}] * len(ctx.k_cache)
-    return {1: rows} if rows is not None else None, b, b, decode, kv, kv
+    return {1: rows}, b, b, decode, kv, kv
 
 
 def _weights_config(z: zipfile.ZipFile) -> tuple[str, str]:

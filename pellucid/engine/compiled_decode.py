@@ -4,7 +4,7 @@ included, for steps whose rows all decode one token — the step a chat repeats 
 Why: in eager mode each of the ~40 small ops per layer is a separate call from Python, and over
 30 layers that overhead outweighs the arithmetic of a one-token step, whose matrix kernels are
 the smaller part of it. Inductor fuses the element-wise ops into a few C++ kernels. A packed
-model's LM head also switches to fbgemm for one row (models/fbgemm.py): 8-bit activations, for
+model's LM head also switches to fbgemm for a few rows (models/fbgemm.py): 8-bit activations, for
 the head's big matrix. (Measured: benchmarks/results/comments.md.)
 
 Shapes are dynamic (rows, block-table width), so one graph serves every context length: one
@@ -153,7 +153,7 @@ class CompiledDecode:
         return self.eager(ids, positions, ctx)
 
     def make_compiled(self) -> Forward:
-        use_fbgemm_head(self.model)  # before tracing: the graph calls fbgemm for one row
+        use_fbgemm_head(self.model)  # before tracing: the graph calls fbgemm for a few rows
         # Dynamo keeps its graphs per code object, and OPTIONS drops the guards that would tell
         # two models apart (a norm's epsilon is baked into the graph): this step gets a code
         # object of its own, so that another model's graphs never serve it.

@@ -122,7 +122,7 @@ class ModelRunner:
         paths = aot_decode.package_paths(self.model)
         for k in kinds or aot_decode.KINDS:
             if force or not paths[k].exists():
-                aot_decode.build(self.model, self.example_step(k), k, paths[k])
+                aot_decode.build(self.model, self.example_step, k, paths[k])
         steps = aot_decode.load(self.model)
         if self.compiled_decode is None:
             self.compiled_decode = prepare(self.model, None, False, steps)

@@ -1,4 +1,4 @@
-"""One-row products with an int8 matrix by fbgemm (torch's x86 int8 GEMM library): the LM head
+"""Products of a few rows with an int8 matrix by fbgemm (torch's x86 int8 GEMM library): the LM head
 of a compiled decode step.
 
 Why: decoding one token multiplies one row of activations by the head's whole matrix (Gemma 3:
@@ -13,7 +13,7 @@ measured: benchmarks/results/comments.md.
 
 Packing a matrix into fbgemm's layout takes up to seconds (Gemma's head; SmolLM2's 0.16 s), so
 it is done only for a compiled decode step, and in a thread of its own: the op releases the GIL,
-so loading goes on (the tokenizer, the first pre-fill) while it packs, and the first one-row step
+so loading goes on (the tokenizer, the first pre-fill) while it packs, and the first compiled step
 waits for it only if it is not done.
 
 fbgemm's packed matrix is a TorchScript object, which dynamo cannot put in a graph (it would
@@ -92,14 +92,16 @@ _LIB.define("fbgemm_linear(Tensor rows, Tensor weight) -> Tensor")
 
 def fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
     """rows (M, in), any float dtype -> float32 (M, out): rows @ W.T for the int8 `weight`,
-    packed by prepack first. The rows are rounded to uint8 with one scale for all of them."""
+    packed by prepack first. Each row is rounded to uint8 with a scale of its own."""
     return torch.ops.pellucid.fbgemm_linear(rows, weight)
 
 
 def _fbgemm_linear(rows: Tensor, weight: Tensor) -> Tensor:
-    return torch.ops.quantized.linear_dynamic(
-        rows.float(), _PACKED[weight.data_ptr()][1].result(), False
-    )
+    # One call per row: fbgemm gives all the rows of a call one scale, so a row's logits would
+    # change with its batch-mates (a drafted step's guesses would round the token's own row).
+    packed = _PACKED[weight.data_ptr()][1].result()
+    rows = rows.float()
+    return torch.cat([torch.ops.quantized.linear_dynamic(r, packed, False) for r in rows.split(1)])
 
 
 _LIB.impl("fbgemm_linear", _fbgemm_linear, "CPU")

@@ -286,7 +286,7 @@ class Int8Linear(PackedLinear):
         super().__init__(in_features, out_features)
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features, dtype=torch.bfloat16))
-        self.fbgemm = False  # set by use_fbgemm: one row goes to fbgemm
+        self.fbgemm = False  # set by use_fbgemm: a few rows go to fbgemm
         self.logits = False  # the LM head: float32 out of the kernels that can
         # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
         # groups of 32)
@@ -294,7 +294,7 @@ class Int8Linear(PackedLinear):
         self.inductor_loop = "avx512f" in cpu_flags()  # see packed_mm
 
     def use_fbgemm(self) -> None:
-        """Multiply one row by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
+        """Multiply a few rows by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
         for the LM head only. Packing takes seconds for a big head; where fbgemm cannot run,
         nothing changes."""
         if not self.fbgemm:
@@ -312,18 +312,22 @@ class Int8Linear(PackedLinear):
         self.scales = scale.bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
-        if rows.shape[0] == 1 and self.fbgemm:
+        # The branches test the layer first and the rows' count last, and never for exactly one
+        # row: a compiled step of 1-8 rows (engine/aot_decode.py) must take one branch for all
+        # of them, so that a row's logits are the same alone and beside others (its guesses,
+        # a batch-mate).
+        if self.fbgemm and rows.shape[0] <= DENSE_ROWS:
             # float32: the head's logits are not rounded to bf16 on the way out
             return fbgemm.fbgemm_linear(rows, self.weight)
         if self.rowdot:
             y = rowdot.int8_rows_mm(rows, self.weight, self.scales)  # float32
             return y if self.logits else y.to(rows.dtype)
-        if rows.shape[0] == 1 and self.inductor_loop and torch.compiler.is_compiling():
-            # One row, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
-            # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel
-            # (measured: benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
-            y = (self.weight * rows.float()).sum(-1) * self.scales.float()  # (1, out)
-            return y.to(rows.dtype)
+        if self.inductor_loop and torch.compiler.is_compiling() and rows.shape[0] <= DENSE_ROWS:
+            # A few rows, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
+            # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel for
+            # one row (measured: benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
+            y = (self.weight * rows.float()[:, None, :]).sum(-1)  # (n, out)
+            return (y * self.scales.float()).to(rows.dtype)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
 
     def dequantize(self) -> Tensor:
@@ -383,7 +387,7 @@ def make_dense(model: LlamaModel) -> None:
 
 
 def use_fbgemm_head(model: LlamaModel) -> None:
-    """An int8 LM head multiplies one row by fbgemm from now on (models/fbgemm.py): what a
+    """An int8 LM head multiplies a few rows by fbgemm from now on (models/fbgemm.py): what a
     compiled decode step calls, torch.compile's or one compiled ahead (the op finds the packed
     head by the weight it is handed)."""
     if isinstance(head := model.lm_head, Int8Linear):
