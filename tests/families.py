@@ -36,6 +36,14 @@ LLAMA3 = {
 }
 # Qwen2.5's long-context setting (YaRN): its 512 positions stretched from 128
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+# Phi-3's LongRoPE (its 128k models): a divisor per rotated pair (8 in a 16-feature head), one
+# set within an original context of 32 and one past it; IDS (40) reach past it
+LONGROPE = {
+    "rope_type": "longrope",
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.5, 10.0, 15.0, 22.0],
+}
+PHI3_LONG = {"rope_scaling": LONGROPE, "original_max_position_embeddings": 32, "pad_token_id": 0}
 # name: (config class, model class, settings, settings without the feature under test or None)
 FAMILIES = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500_000.0, "rope_scaling": LLAMA3}, {"rope_theta": 500_000.0}),
@@ -45,6 +53,7 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}, None),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}, {"sliding_window": None}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 12, "pad_token_id": 0}, {"sliding_window": None, "pad_token_id": 0}),
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM", PHI3_LONG, {"pad_token_id": 0}),
 }  # fmt: skip
 IDS = [(7 * i * i + 3 * i + 11) % 256 for i in range(40)]  # longer than Mistral's window
 # The settings of the GGUF each family is checked with against llama.cpp: without a window, which
@@ -96,7 +105,9 @@ def converted(name: str, settings: dict | None, folder: Path) -> tuple[torch.nn.
     model = hf_model(name, settings, vocab_size=tok.vocab_size)
     model.save_pretrained(folder / "hf")
     tok.save_hf_folder(folder / "hf")
-    if name == "phi3":  # its converter reads a vocabulary without tokenizer.model as Phi-4 does
+    if name.startswith(
+        "phi3"
+    ):  # its converter reads a vocabulary without tokenizer.model as Phi-4 does
         config = folder / "hf" / "tokenizer_config.json"
         config.write_text(
             json.dumps(json.loads(config.read_text()) | {"tokenizer_class": "GPT2Tokenizer"})

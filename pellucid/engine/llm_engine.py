@@ -57,6 +57,7 @@ class LLMEngine:
             cfg.context_length,
             self.pool.capacity_tokens,
         )
+        model.use_context(self.max_model_len)  # LongRoPE's frequencies depend on it
         block_bytes = self.pool.bytes_per_token * config.block_size
         self.block_manager = BlockManager(
             num_blocks,

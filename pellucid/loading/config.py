@@ -9,11 +9,13 @@ from typing import Any
 
 from pellucid.errors import ModelLoadError
 from pellucid.loading.rope_config import (
+    is_long_rope,
+    long_rope,
+    rope_attention_factor,
     rope_divisors,
     rope_kind,
     rope_parameters,
     rope_theta,
-    yarn_attention_factor,
     yarn_divisors,
     yarn_mscale,
 )
@@ -23,6 +25,8 @@ from pellucid.models.config import ModelConfig
 # pellucid's own keys (gguf_loader.metadata_with_tensor_facts)
 OUTPUT_WEIGHT_KEY = "pellucid.output_weight"  # True: an LM head of its own, not the embedding
 ROPE_FREQS_KEY = "pellucid.rope_freqs"  # the rope_freqs tensor: Llama 3.1's scaling
+# LongRoPE's two sets (Phi-3): the rope_factors_short and rope_factors_long tensors
+ROPE_SHORT_KEY, ROPE_LONG_KEY = "pellucid.rope_factors_short", "pellucid.rope_factors_long"
 
 # Hugging Face model types pellucid runs, by the family of modules that runs them
 HF_ARCHS = {
@@ -92,6 +96,7 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         norm_eps=float(get(eps_key)),
         rope_theta=float(get("rope.freq_base", 10_000.0)),
         rope_divisors=None if gpt2 else gguf_rope_divisors(meta, arch, head_dim, source),
+        long_rope=gguf_long_rope(meta, arch, head_dim, source),
         context_length=int(get("context_length")),
         # without the key (metadata read on its own), tied as the two default models are
         tie_embeddings=not meta.get(OUTPUT_WEIGHT_KEY, False),
@@ -104,7 +109,7 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         global_every=6 if gemma else 0,
         qk_norm=gemma or arch == "qwen3",
         query_scale=None if gemma or gpt2 else gguf_query_scale(meta, arch, head_dim, source),
-    )
+    ).with_context(int(get("context_length")))
 
 
 def required(meta: dict[str, Any], key: str, source: str) -> Any:
@@ -153,6 +158,32 @@ def gguf_rope_divisors(
             f"{head_dim // 2}"
         )
     return tuple(float(f) * (linear or 1.0) for f in freqs)
+
+
+def gguf_long_rope(
+    meta: dict[str, Any], arch: str, head_dim: int, source: str
+) -> tuple[tuple[float, ...], tuple[float, ...], int] | None:
+    """LongRoPE's two sets of divisors (the rope_factors_short and _long tensors llama.cpp's
+    converter writes for Phi-3) and the original context; None without them. Their factor on
+    cos and sin is the file's rope.scaling.attn_factor (gguf_query_scale)."""
+    if ROPE_LONG_KEY not in meta and ROPE_SHORT_KEY not in meta:
+        return None
+    sets = []
+    for key in (ROPE_SHORT_KEY, ROPE_LONG_KEY):
+        factors = meta.get(key)
+        if factors is None or len(factors) != head_dim // 2:
+            name = key.removeprefix("pellucid.") + ".weight"
+            raise ModelLoadError(
+                f"{source}: LongRoPE needs {name} with {head_dim // 2} entries, one per rotated "
+                f"pair of a {head_dim}-feature head"
+            )
+        sets.append(tuple(float(f) for f in factors))
+    if meta.get(ROPE_FREQS_KEY) is not None:
+        raise ModelLoadError(
+            f"{source}: rope_freqs and LongRoPE's factors together are not supported"
+        )
+    original = int(required(meta, f"{arch}.rope.scaling.original_context_length", source))
+    return sets[0], sets[1], original
 
 
 # YaRN settings llama.cpp's converter may write that pellucid does not implement (DeepSeek's
@@ -207,9 +238,16 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
     rope = rope_parameters(cfg, "full_attention")
     local = rope_parameters(cfg, "sliding_attention")
     context = int(cfg.get("max_position_embeddings", 2048))
-    if gemma and rope_kind(rope) == "yarn":  # its scale would reach the local layers too
-        raise ModelLoadError(f"{source}: rope scaling 'yarn' is not supported for Gemma 3")
-    attention_factor = yarn_attention_factor(rope, context)
+    if gemma and (rope_kind(rope) == "yarn" or is_long_rope(rope)):  # its scale would reach
+        # the local layers too
+        raise ModelLoadError(
+            f"{source}: rope scaling {rope_kind(rope)!r} is not supported for Gemma 3"
+        )
+    if model_type == "phi3" and rope_kind(rope) == "yarn":
+        # transformers reads it as LongRoPE, llama.cpp's converter with YaRN's attention factor
+        raise ModelLoadError(f"{source}: rope scaling 'yarn' is not supported for Phi-3")
+    long = long_rope(rope, head_dim, source) if is_long_rope(rope) else None  # checked first
+    attention_factor = rope_attention_factor(rope, context)
     return ModelConfig(
         arch=arch,
         vocab_size=int(cfg["vocab_size"]),
@@ -222,6 +260,7 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta(rope),
         rope_divisors=rope_divisors(rope, head_dim, context, source),
+        long_rope=long,
         context_length=context,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
         attn_bias=model_type == "qwen2",
@@ -234,7 +273,7 @@ def config_from_hf(cfg: dict[str, Any], source: str) -> ModelConfig:
             else yarn_query_scale(head_dim, attention_factor)
         ),
         qk_norm=gemma or model_type == "qwen3",
-    )
+    ).with_context(context)
 
 
 def yarn_query_scale(head_dim: int, attention_factor: float) -> float | None:

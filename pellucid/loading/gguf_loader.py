@@ -15,7 +15,13 @@ import torch
 from torch import Tensor
 
 from pellucid.errors import ModelLoadError
-from pellucid.loading.config import GGUF_ARCHS, OUTPUT_WEIGHT_KEY, ROPE_FREQS_KEY
+from pellucid.loading.config import (
+    GGUF_ARCHS,
+    OUTPUT_WEIGHT_KEY,
+    ROPE_FREQS_KEY,
+    ROPE_LONG_KEY,
+    ROPE_SHORT_KEY,
+)
 from pellucid.loading.fused import fuse
 from pellucid.models.config import ModelConfig
 from pellucid.weights.gguf_file import GGUFFile
@@ -53,7 +59,11 @@ FFN_NORM = {
 # Phi-3's checkpoints keep the MLP's gate and up as one matrix, which llama.cpp calls ffn_up
 FUSED_UP = {"phi3"}
 # read into the config instead (metadata_with_tensor_facts)
-CONFIG_TENSORS = {"rope_freqs.weight"}
+FACT_TENSORS = {
+    "rope_freqs.weight": ROPE_FREQS_KEY,
+    "rope_factors_short.weight": ROPE_SHORT_KEY,
+    "rope_factors_long.weight": ROPE_LONG_KEY,
+}
 
 
 def our_name(gguf_name: str, arch: str) -> str | None:
@@ -77,12 +87,14 @@ def our_name(gguf_name: str, arch: str) -> str | None:
 def metadata_with_tensor_facts(gguf: GGUFFile) -> dict[str, Any]:
     """The file's metadata plus what its config needs from its tensors rather than its keys:
     whether it has an LM head of its own (`output.weight`; absent, the embedding is the head)
-    and Llama 3.1's rope scaling as llama.cpp's converter stores it (`rope_freqs`, one divisor
-    per rotated pair of features). Kept as metadata, the weight cache stores them with it."""
+    and rope scaling as llama.cpp's converter stores it: one divisor per rotated pair of
+    features, for Llama 3.1 (`rope_freqs`), or two sets for LongRoPE (`rope_factors_short`,
+    `rope_factors_long`). Kept as metadata, the weight cache stores them with it."""
     names = set(gguf.tensor_names())
     facts: dict[str, Any] = {OUTPUT_WEIGHT_KEY: "output.weight" in names}
-    if "rope_freqs.weight" in names:
-        facts[ROPE_FREQS_KEY] = gguf.tensor("rope_freqs.weight").flatten().tolist()
+    for name, key in FACT_TENSORS.items():
+        if name in names:
+            facts[key] = gguf.tensor(name).flatten().tolist()
     return gguf.metadata | facts
 
 
@@ -98,7 +110,7 @@ def gguf_state_dict(gguf: GGUFFile, cfg: ModelConfig) -> dict[str, Tensor]:
     arch = gguf.architecture
     state: dict[str, Tensor] = {}
     for name in gguf.tensor_names():
-        if name in CONFIG_TENSORS:
+        if name in FACT_TENSORS:
             continue
         ours = our_name(name, arch)
         if ours is None:

@@ -12,9 +12,13 @@ stores Llama 3's (its `rope_freqs` tensor):
 - "yarn" (Qwen2.5, Qwen3): the same three bands, bounded by how many turns a pair makes over the
   original context (beta_fast and beta_slow), blended linearly in the pair's index; YaRN also
   scales cos and sin by an attention factor, which multiplies every q.k by its square: that goes
-  into the softmax scale (`yarn_query_scale`).
-Any other kind (LongRoPE, dynamic NTK) changes the math in ways not implemented here: an error
-naming it, never a silent fallback.
+  into the softmax scale (`yarn_query_scale`);
+- "longrope" (Phi-3, "su" in its first configs): a divisor per pair given outright, one set for
+  sequences within the original context and one for longer ones (ModelConfig.with_context picks),
+  and cos and sin scaled by sqrt(1 + ln(factor) / ln(original context)), which also goes into
+  the softmax scale.
+Any other kind (dynamic NTK) changes the math in ways not implemented here: an error naming it,
+never a silent fallback.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from typing import Any
 
 from pellucid.errors import ModelLoadError
 
-SUPPORTED = ("default", "linear", "llama3", "yarn")
+SUPPORTED = ("default", "linear", "llama3", "yarn", "longrope", "su")
 
 
 def rope_parameters(cfg: dict[str, Any], layer_type: str | None = None) -> dict[str, Any]:
     """The RoPE dict of a config (for `layer_type`, e.g. "full_attention", where it has one per
-    type), with `rope_theta` in it: transformers 5's `rope_parameters`, or 4's top-level keys."""
+    type), with `rope_theta` in it: transformers 5's `rope_parameters`, or 4's top-level keys.
+    Phi-3 keeps LongRoPE's original context at the top level, and transformers takes it from
+    there first."""
     params = cfg.get("rope_parameters")
     if params is None:  # transformers 4
         params = dict(cfg.get("rope_scaling") or {})
@@ -37,6 +43,10 @@ def rope_parameters(cfg: dict[str, Any], layer_type: str | None = None) -> dict[
             params["rope_theta"] = cfg["rope_theta"]
     elif layer_type is not None and layer_type in params:
         params = params[layer_type]
+    if is_long_rope(params) and cfg.get("original_max_position_embeddings"):
+        params = params | {
+            "original_max_position_embeddings": cfg["original_max_position_embeddings"]
+        }
     return params
 
 
@@ -46,6 +56,10 @@ def rope_theta(params: dict[str, Any], default: float = 10_000.0) -> float:
 
 def rope_kind(params: dict[str, Any]) -> str:
     return str(params.get("rope_type", params.get("type", "default")))
+
+
+def is_long_rope(params: dict[str, Any]) -> bool:
+    return rope_kind(params) in ("longrope", "su")
 
 
 def rope_divisors(
@@ -66,6 +80,8 @@ def rope_divisors(
             f"{source}: rope scaling {kind!r} is not supported (pellucid implements "
             f"{', '.join(SUPPORTED[1:])}); its positions would be wrong"
         )
+    if is_long_rope(params):  # two sets (long_rope), one chosen by ModelConfig.with_context
+        return None
     if kind == "yarn":
         context = params.get("original_max_position_embeddings") or max_positions
         return yarn_divisors(
@@ -137,13 +153,40 @@ def yarn_divisors(
     return tuple(divisors)
 
 
-def yarn_attention_factor(params: dict[str, Any], max_positions: int) -> float:
-    """How much YaRN scales cos and sin: the config's attention_factor, else 0.1 ln(factor) + 1
-    (with DeepSeek's mscale / mscale_all_dim, the ratio of two such), 1 for other kinds."""
-    if rope_kind(params) != "yarn":
+def long_rope(
+    params: dict[str, Any], head_dim: int, source: str
+) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """LongRoPE's (short divisors, long divisors, original context), checked."""
+    sets = []
+    for key in ("short_factor", "long_factor"):
+        factors = params.get(key)
+        if not isinstance(factors, list) or len(factors) != head_dim // 2:
+            raise ModelLoadError(
+                f"{source}: rope scaling longrope needs {key}, a list of {head_dim // 2} numbers "
+                f"(one per rotated pair of a {head_dim}-feature head)"
+            )
+        sets.append(tuple(float(f) for f in factors))
+    if not params.get("original_max_position_embeddings"):
+        raise ModelLoadError(
+            f"{source}: rope scaling longrope needs original_max_position_embeddings"
+        )
+    return sets[0], sets[1], int(params["original_max_position_embeddings"])
+
+
+def rope_attention_factor(params: dict[str, Any], max_positions: int) -> float:
+    """How much the scaling scales cos and sin: the config's attention_factor, else YaRN's
+    0.1 ln(factor) + 1 (with DeepSeek's mscale / mscale_all_dim, the ratio of two such) or
+    LongRoPE's sqrt(1 + ln(factor) / ln(original context)), where factor is the context over
+    the original one; 1 for other kinds."""
+    kind = rope_kind(params)
+    if kind != "yarn" and not is_long_rope(params):
         return 1.0
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
+    if is_long_rope(params):
+        original = float(params["original_max_position_embeddings"])
+        factor = float(params.get("factor") or max_positions / original)
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
     context = params.get("original_max_position_embeddings") or max_positions
     factor = float(params.get("factor") or max_positions / context)
     if params.get("mscale") and params.get("mscale_all_dim"):

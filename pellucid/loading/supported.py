@@ -51,7 +51,9 @@ FAMILIES = (
         "Phi-3, Phi-4",
         ("phi3",),
         ("phi3",),
-        "fused QKV and gate/up; sliding window (kept from GGUF too, where llama.cpp drops it)",
+        "fused QKV and gate/up; sliding window (kept from GGUF too, where llama.cpp drops it); "
+        "LongRoPE (128k models: short factors where max_model_len fits the original context, "
+        "long ones past it, as llama.cpp chooses by its n_ctx)",
         "transformers 1e-4, llama.cpp's converter + logits, greedy (test_architectures)",
     ),
     Family(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pellucid.errors import ModelLoadError
 
@@ -26,6 +26,9 @@ class ModelConfig:
     # rope scaling of a long-context model: each rotated pair's frequency divided by its entry
     # (loading/rope_config.py); Gemma 3 applies it to its global layers only
     rope_divisors: tuple[float, ...] | None = None
+    # LongRoPE (Phi-3): two sets of divisors, (short, long), and the original context the short
+    # set serves; rope_divisors is one of them, chosen by `with_context`
+    long_rope: tuple[tuple[float, ...], tuple[float, ...], int] | None = None
     tie_embeddings: bool = True
     attn_bias: bool = False  # Qwen2 has biases on q/k/v; GPT-2 on every linear layer and norm
     hidden_act: str = "silu"  # GPT-2: "gelu" (exact, nanoGPT) or "gelu_new" (tanh, OpenAI's)
@@ -50,6 +53,16 @@ class ModelConfig:
             raise ModelLoadError(
                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
             )
+
+    def with_context(self, positions: int) -> ModelConfig:
+        """The config for sequences of up to `positions` tokens: LongRoPE's short divisors
+        where they fit the original context, its long ones past it. llama.cpp chooses so by
+        its context size; transformers by each forward pass's length, which would rotate a
+        sequence's first tokens one way while it is short and later ones another."""
+        if self.long_rope is None:
+            return self
+        short, long, original = self.long_rope
+        return replace(self, rope_divisors=short if positions <= original else long)
 
     @property
     def scale(self) -> float:

@@ -71,6 +71,12 @@ class LlamaModel(nn.Module):
         """ids (B, T), positions (T,) -> (B, T, dim)."""
         return self.embed_tokens(ids)
 
+    def use_context(self, positions: int) -> None:
+        """Serve sequences of up to `positions` tokens: what RoPE's tables depend on, for a model
+        with LongRoPE (ModelConfig.with_context). Set before a step is compiled: a graph bakes
+        the tables' divisors in."""
+        self.cfg = self.cfg.with_context(positions)
+
     def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(
             positions, self.cfg.head_dim, self.cfg.rope_theta, self.cfg.rope_divisors

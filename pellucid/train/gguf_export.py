@@ -87,6 +87,8 @@ def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
         raise ValueError(
             "GGUF export writes Llama models without Q/K norms, sliding windows or biases"
         )
+    if cfg.long_rope is not None:
+        raise ValueError("GGUF export does not write LongRoPE's two sets of rope factors")
     with atomic_path(path) as tmp:
         writer = gguf.GGUFWriter(str(tmp), cfg.arch)
         _add_hyperparameters(writer, cfg, path.stem)
