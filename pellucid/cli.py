@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
         "else its card's; default) or OpenAI's (temperature 1, top_p 1; replies that must be "
         "tool calls keep frequency_penalty 0.5)",
     )
+    serve.add_argument(
+        "--no-speculative",
+        action="store_true",
+        help="never guess tokens ahead (speculative decoding from the reply's own n-grams is on "
+        "by default, where it pays; a request's `speculative: true` cannot turn it back on)",
+    )
     add_limit_args(serve)
     serve.set_defaults(run=run_serve)
 
@@ -335,7 +341,9 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
     )
     engine = EngineConfig(
-        max_num_seqs=args.max_num_seqs, prefix_cache_bytes=args.prefix_cache_mib << 20
+        max_num_seqs=args.max_num_seqs,
+        prefix_cache_bytes=args.prefix_cache_mib << 20,
+        speculative=not args.no_speculative,
     )
     llm = LLM(
         args.model,

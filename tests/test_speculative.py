@@ -158,6 +158,17 @@ def test_default_drafting_pays_on_a_copy_and_leaves_the_text_alone(smollm2):
     assert auto.timings.accepted_tokens > auto.timings.decode_tokens // 3
 
 
+def test_an_engine_with_speculation_off_never_drafts_even_when_asked(smollm2):
+    """EngineConfig(speculative=False), what `pellucid serve --no-speculative` sets: a request
+    that forces drafts gets none, and the same text as with them."""
+    ids = chat_ids(smollm2, COPY)
+    params = SamplingParams(temperature=0, max_tokens=40, speculative=True)
+    off = LLM("smollm2-135m", dtype="float32", engine=EngineConfig(speculative=False))
+    drafted, plain = smollm2.generate([ids], params)[0], off.generate([ids], params)[0]
+    assert drafted.timings.draft_tokens > 0 and plain.timings.draft_tokens == 0
+    assert plain.text == drafted.text
+
+
 def test_seeded_sampling_draws_the_same_tokens_with_drafts(tiny):
     """Each token is drawn exactly as without drafts, a guess taken only when it is that token:
     the rejection rule for a one-token guess. So the distribution of replies is unchanged, and
