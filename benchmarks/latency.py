@@ -1,5 +1,6 @@
 """Latency of one request: load time, pre-fill tok/s of a 512-token prompt, decode tok/s for
-128 tokens, peak RSS. Prints median/min/max over repeats; the last line is one JSON object.
+128 tokens (plain decoding: no speculative drafts), peak RSS. Prints median/min/max over
+repeats; the last line is one JSON object.
 
     .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype int4|float32]
         [--compile] [--repeats 5] [--rounds 2] [--no-hf] [--no-llama-cpp]
@@ -176,7 +177,11 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
         return out.timings.prefill_tokens_per_s
 
     def decode(ids: list[int]) -> float:
-        params = SamplingParams(temperature=0, max_tokens=args.decode_tokens, ignore_eos=True)
+        # Without drafts: plain decoding against the peers' (a greedy reply that loops would
+        # be guessed, which benchmarks/speculative.py measures on its own)
+        params = SamplingParams(
+            temperature=0, max_tokens=args.decode_tokens, ignore_eos=True, speculative=False
+        )
         return llm.generate(ids, params)[0].timings.decode_tokens_per_s
 
     prefill()  # warm-up

@@ -152,7 +152,10 @@ def measure_pellucid(args: argparse.Namespace) -> dict[str, object]:
     engine = llm.engine
 
     def run(prompts: list[list[int]], max_tokens: int) -> float:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        # plain decoding, as the peers' (drafts: benchmarks/speculative.py)
+        params = SamplingParams(
+            temperature=0, max_tokens=max_tokens, ignore_eos=True, speculative=False
+        )
         seqs = [engine.add_request(p, params) for p in prompts]
         start = time.perf_counter()
         while engine.has_unfinished():
