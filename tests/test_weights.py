@@ -142,6 +142,19 @@ def test_an_edited_file_or_a_damaged_entry_misses(tmp_path, smollm2_path, monkey
     assert weight_cache.load(gguf) is not None and not entry.exists()  # the stale one went
 
 
+def test_copies_of_a_file_at_two_paths_keep_an_entry_each(tmp_path, smollm2_path, monkeypatch):
+    """Two installs of one model (two virtual environments) are two files of one name: storing
+    one's entry must not delete the other's, or each load would convert the file again."""
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "model.gguf", tmp_path / "b" / "model.gguf"
+    for copy in (first, second):
+        copy.parent.mkdir()
+        shutil.copy(smollm2_path, copy)
+        read_checkpoint(copy)
+    assert weight_cache.entry_dir(first) != weight_cache.entry_dir(second)
+    assert weight_cache.load(first) is not None and weight_cache.load(second) is not None
+
+
 def test_the_cache_can_be_turned_off(tmp_path, smollm2_path, monkeypatch):
     monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PELLUCID_NO_CACHE", "1")

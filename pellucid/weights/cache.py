@@ -4,11 +4,12 @@ Reading a GGUF's metadata with the gguf package takes seconds (a 49k- or 262k-en
 read field by field), and so does dequantizing its tensors. The first load stores what they
 produce, the metadata as JSON and the float32 tensors under our module names as safetensors, in
 `~/.cache/pellucid/checkpoints/<name>-<key>/`; later loads read that instead, several times
-faster (load times: README, benchmarks/results/). The key covers the file's path, size and modification time and
-CACHE_VERSION, so an edited file or a changed conversion misses; storing a new entry deletes the
-older ones of the same file name, so reinstalls do not pile up (an entry is the float32 model:
-0.5 GB for SmolLM2, 1.1 GB for Gemma 3 270M; the int4 fast path adds its packed weights, so that
-its loads never build the float32 model at all). `PELLUCID_CACHE_DIR` moves the cache;
+faster (load times: README, benchmarks/results/). The key covers the file's path, size and
+modification time and CACHE_VERSION, so an edited file or a changed conversion misses; storing a
+new entry deletes the older ones of the same file at the same path, so reinstalls do not pile up
+(an entry is the float32 model: 0.5 GB for SmolLM2, 1.1 GB for Gemma 3 270M; the int4 fast path
+adds its packed weights, so that its loads never build the float32 model at all). A copy of the
+file at another path keeps an entry of its own. `PELLUCID_CACHE_DIR` moves the cache;
 `PELLUCID_NO_CACHE=1` turns it off. The cache only speeds loads up: any problem with it means a
 normal load, never a failed one.
 """
@@ -29,6 +30,7 @@ from torch import Tensor
 from pellucid.atomic import atomic_path
 
 CACHE_VERSION = 3  # bump when gguf_state_dict or the metadata reading changes what it returns
+SOURCE = "source.txt"  # in each entry: the path of the file it was converted from
 
 
 def cache_root() -> Path:
@@ -36,6 +38,14 @@ def cache_root() -> Path:
     if os.environ.get("PELLUCID_CACHE_DIR"):
         return Path(os.environ["PELLUCID_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pellucid"
+
+
+def _source(entry: Path) -> str | None:
+    """The file an entry was converted from (None: an entry from before this was recorded)."""
+    try:
+        return (entry / SOURCE).read_text()
+    except OSError:
+        return None
 
 
 def entry_dir(path: Path) -> Path | None:
@@ -105,8 +115,12 @@ def store(path: Path, metadata: dict[str, Any], state: dict[str, Tensor]) -> Non
         with atomic_path(where, folder=True) as tmp:  # replaces a damaged entry of the same key
             (tmp / "metadata.json").write_text(json.dumps(metadata))
             save_file({k: v.contiguous() for k, v in state.items()}, tmp / "model.safetensors")
-        for stale in where.parent.glob(f"{path.stem}-*"):  # the file before an edit/reinstall
-            if stale != where:
+            (tmp / SOURCE).write_text(str(path.resolve()))
+        # The same file before an edit or a reinstall goes; a copy at another path (a second
+        # virtual environment installing the same model) keeps its entry, or the two would
+        # evict each other and every other load would convert the file again.
+        for stale in where.parent.glob(f"{path.stem}-*"):
+            if stale != where and _source(stale) in (None, str(path.resolve())):
                 shutil.rmtree(stale, ignore_errors=True)
     except (OSError, TypeError, ValueError):  # a full disk, a read-only home, odd metadata
         pass
