@@ -24,6 +24,7 @@ from pellucid.config import EngineConfig
 from pellucid.engine import aot_decode
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
+from pellucid.engine.probes import FINAL_NORM, LOGITS, Capture, Intervention, hook_names
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
@@ -168,16 +169,21 @@ class LLM:
                 out.tool_calls = parse_tool_calls(out.text).tool_calls
             yield out
 
-    def _outputs(self, requests: list[tuple[list[int], SamplingParams]]) -> Iterator[RequestOutput]:
+    def _outputs(
+        self,
+        requests: list[tuple[list[int], SamplingParams]],
+        captures: list[Capture] | None = None,
+    ) -> Iterator[RequestOutput]:
         """Run `requests` to the end, yielding their outputs as they come. Each step is taken
         under the engine's lock, never across a yield: a server on this model runs its requests
         between our steps (its steps advance ours too, and hand us their outputs)."""
         outputs: deque[RequestOutput] = deque()
         seqs: list[Sequence] = []
+        captures = captures or [None] * len(requests)
         try:
             with self.engine.lock:
-                for ids, params in requests:
-                    seqs.append(self.engine.add_request(ids, params, outputs.append))
+                for (ids, params), capture in zip(requests, captures, strict=True):
+                    seqs.append(self.engine.add_request(ids, params, outputs.append, capture))
             while outputs or not all(s.is_finished for s in seqs):
                 with self.engine.lock:
                     if not outputs and not all(s.is_finished for s in seqs):
@@ -199,6 +205,60 @@ class LLM:
         params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
         for n in (1, 2, 12):
             self.generate([ids] * n, params)
+
+    # --- looking inside -------------------------------------------------------------------
+    def run_with_cache(
+        self,
+        prompt: Prompt,
+        names: Iterable[str] | None = None,
+        interventions: list[Intervention] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """One pass over the prompt through the engine (paged KV cache, batched with whatever
+        else it runs), under `interventions` if given: its logits (T, vocab) and the activations
+        named (TransformerLens's names, listed in models/probes.py; None: all of them)."""
+        return self.run_with_caches([prompt], names, [interventions or []])[0]
+
+    def run_with_caches(
+        self,
+        prompts: list[Prompt],
+        names: Iterable[str] | None = None,
+        interventions: list[list[Intervention]] | None = None,
+        last_only: bool = False,
+    ) -> list[tuple[Tensor, dict[str, Tensor]]]:
+        """`run_with_cache` for many prompts at once (one list of interventions per prompt),
+        all batched together: what an activation-patching sweep runs. `last_only`: keep the
+        last position alone (logits (1, vocab), activations (1, ...)), reading the prefix cache
+        for the rest: one token's view at any context length."""
+        wanted = self._hook_names(names)
+        per_prompt = interventions or [[] for _ in prompts]
+        requests = [
+            (self.encode(p), SamplingParams(max_tokens=1, temperature=0, interventions=list(ivs)))
+            for p, ivs in zip(prompts, per_prompt, strict=True)
+        ]
+        # the final norm's output is always kept: the logits are the LM head's reading of it
+        captures = [Capture((wanted - {LOGITS}) | {FINAL_NORM}, last_only) for _ in requests]
+        for _ in self._outputs(requests, captures):
+            pass
+        results = []
+        with torch.inference_mode():
+            for (ids, _), capture in zip(requests, captures):
+                cache = capture.result(len(ids))
+                logits = self.model.compute_logits(cache[FINAL_NORM].to(self.dtype))
+                cache[LOGITS] = logits
+                results.append((logits, {n: cache[n] for n in wanted}))
+        return results
+
+    def _hook_names(self, names: Iterable[str] | None) -> set[str]:
+        valid = hook_names(self.model.cfg)
+        wanted = set(valid if names is None else names)
+        unknown = sorted(wanted - set(valid))
+        if unknown:
+            raise ValueError(
+                f"no activation is named {unknown[:3]}: this model's names run from "
+                f"{valid[0]!r} to {valid[-3]!r} ({len(valid)} in all; pellucid.engine.probes "
+                "lists them)"
+            )
+        return wanted
 
     # --- scoring --------------------------------------------------------------------------
     @torch.inference_mode()

@@ -141,3 +141,17 @@ def test_no_prefix_cache_keeps_nothing():
     assert not bm.cached_free and bm.num_free == 16
     _, cached = admit(bm, list(a))
     assert cached == 0
+
+
+def test_a_salt_keeps_prefixes_apart_and_lookup_off_reads_none():
+    """KV computed under interventions is sealed under their key: only the same key finds it."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    tokens = list(range(10))
+    table, _ = bm.allocate_prefix(tokens, salt="ablate")
+    assert bm.grow(table, len(tokens))
+    bm.seal_full_blocks(table, tokens, 0, len(tokens), salt="ablate")
+    assert bm.allocate_prefix(tokens)[1] == 0  # plain: no hit
+    assert bm.allocate_prefix(tokens, salt="steer")[1] == 0
+    same, cached = bm.allocate_prefix(tokens, salt="ablate")
+    assert cached == 8 and same == table[:2]
+    assert bm.allocate_prefix(tokens, salt="ablate", lookup=False)[1] == 0

@@ -26,6 +26,8 @@ class FakeSeq:
     admitted: bool = False
     timings: Timings = field(default_factory=Timings)
     drafter: None = None  # no speculative decoding here (test_speculative.py)
+    cache_salt: None = None  # no interventions (test_probes.py)
+    capture: None = None
 
     @property
     def num_pending(self) -> int:

@@ -3,12 +3,14 @@ its public face, which the layers above (the LLM, the server, the trace renderer
 
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput, Timings, TokenLogprob
+from pellucid.engine.probes import Intervention
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
-from pellucid.engine.trace_recorder import Recorder
+from pellucid.engine.trace_recorder import Recorder, flops_per_token
 from pellucid.engine.trace_records import Trace
 
 __all__ = [
     "EngineStats",
+    "Intervention",
     "LLMEngine",
     "Recorder",
     "RequestOutput",
@@ -17,4 +19,5 @@ __all__ = [
     "TokenLogprob",
     "Trace",
     "TraceOptions",
+    "flops_per_token",
 ]

@@ -25,7 +25,9 @@ class Block:
     token_ids: tuple[int, ...] = field(default_factory=tuple)
 
 
-def block_hash(token_ids: tuple[int, ...], parent: int | None) -> int:
+def block_hash(token_ids: tuple[int, ...], parent: int | str | None) -> int:
+    """parent: the previous block's hash; for a first block, the sequence's salt (None, or
+    the key of the interventions its KV was computed under)."""
     return hash((parent, token_ids))
 
 
@@ -65,17 +67,21 @@ class BlockManager:
     def blocks_needed(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
 
-    def allocate_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
+    def allocate_prefix(
+        self, token_ids: list[int], salt: str | None = None, lookup: bool = True
+    ) -> tuple[list[int], int]:
         """Blocks for a new sequence's cached prefix: (block table, tokens already computed).
+        Only blocks sealed under the same `salt` match; `lookup=False`: none (a capture must
+        compute every position).
 
         The block holding the last token is never taken from the cache, so at least one token is
         computed and yields the logits for the next one.
         """
         table: list[int] = []
-        parent: int | None = None
+        parent: int | str | None = salt
         n_full = (len(token_ids) - 1) // self.block_size
         self.queries += n_full * self.block_size
-        for i in range(n_full if self.prefix_caching else 0):
+        for i in range(n_full if self.prefix_caching and lookup else 0):
             chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
             parent = block_hash(chunk, parent)
             block_id = self.cached.get(parent)
@@ -96,14 +102,19 @@ class BlockManager:
         return True
 
     def seal_full_blocks(
-        self, table: list[int], token_ids: list[int], n_sealed: int, n_computed: int
+        self,
+        table: list[int],
+        token_ids: list[int],
+        n_sealed: int,
+        n_computed: int,
+        salt: str | None = None,
     ) -> int:
-        """Register blocks n_sealed.. that are now full and computed, so later requests can share
-        them; returns the new number of sealed blocks."""
+        """Register blocks n_sealed.. that are now full and computed, so later requests with the
+        same `salt` can share them; returns the new number of sealed blocks."""
         n_full = n_computed // self.block_size
         if not self.prefix_caching:
             return n_full
-        parent = self.blocks[table[n_sealed - 1]].hash if n_sealed else None
+        parent = self.blocks[table[n_sealed - 1]].hash if n_sealed else salt
         for i in range(n_sealed, n_full):
             block = self.blocks[table[i]]
             chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])

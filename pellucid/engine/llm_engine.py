@@ -28,6 +28,7 @@ from pellucid.engine.grammar import GrammarCompiler
 from pellucid.engine.kv_cache import KVCachePool
 from pellucid.engine.model_runner import ModelRunner
 from pellucid.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from pellucid.engine.probes import Capture
 from pellucid.engine.sampler import sample
 from pellucid.engine.sampling_params import SamplingParams
 from pellucid.engine.scheduler import Scheduler
@@ -79,9 +80,13 @@ class LLMEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         on_output: Callable[[RequestOutput], None] | None = None,
+        capture: Capture | None = None,
     ) -> Sequence:
-        """Queue a request; `on_output`, when given, receives each of its outputs as well."""
+        """Queue a request; `on_output`, when given, receives each of its outputs as well;
+        `capture`, when given, keeps the prompt's named activations (LLM.run_with_cache)."""
         self.check_prompt(prompt_ids)
+        for iv in params.interventions:
+            iv.check(self.model.cfg, self.max_model_len)
         matcher = None if params.grammar is None else self.grammars.matcher(params.grammar)
         seq = Sequence(
             prompt_ids, params, self.tokenizer, self.model.cfg.vocab_size, self.max_model_len
@@ -92,6 +97,7 @@ class LLMEngine:
         if options is not None:
             seq.trace = Recorder(options, params, prompt_ids, self.tokenizer, self.model, self.pool)
         seq.on_output = on_output
+        seq.capture = capture
         if self.config.speculative and params.speculative is not False:
             seq.drafter = NgramDrafter()
         self.sequences[seq.request_id] = seq

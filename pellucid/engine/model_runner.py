@@ -22,9 +22,16 @@ from pellucid.engine import aot_decode
 from pellucid.engine.compiled_decode import CompiledDecode, prepare
 from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
+from pellucid.engine.probes import Probe
 from pellucid.engine.sampler import sample
 from pellucid.engine.scheduler import Batch
-from pellucid.engine.trace_hooks import after_forward, before_forward, traced_items
+from pellucid.engine.trace_hooks import (
+    after_forward,
+    before_forward,
+    keep_patterns,
+    pattern_layers,
+    traced_items,
+)
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense
@@ -70,9 +77,13 @@ class ModelRunner:
         traced = traced_items(batch)  # [] unless a request asked for a trace
         if traced:
             before_forward(ctx, traced)
-        # a trace that looks inside the forward (attention, the logit lens) needs the eager step;
-        # one of tokens, sampling stages and timings reads only what the compiled step returns
+        captured = traced_items(batch, lambda seq: seq.capture is not None)
+        ctx.capture_attention.update(pattern_layers(captured))
+        # a trace that looks inside the forward (attention, the logit lens) needs the eager step,
+        # as do interventions and captures; one of tokens, sampling stages and timings reads
+        # only what the compiled step returns
         inside = bool(ctx.capture_attention) or ctx.capture_hidden_rows is not None
+        inside = inside or ctx.probe is not None
         flat = [r for rows in draft_rows for r in rows]
         logits = self.logits(ids, positions, ctx, last_rows + flat, whole_graph=not inside)
         token_ids: list[int] = []
@@ -90,6 +101,7 @@ class ModelRunner:
             drafts = _split_rows(after_drafts, draft_rows)
         if traced:
             after_forward(ctx, traced, logits, token_ids)
+        keep_patterns(ctx, captured)
         return StepResult(token_ids, logprobs, time.perf_counter() - start, drafts)
 
     def logits(
@@ -158,9 +170,12 @@ class ModelRunner:
         decode_lens: list[int] = []
         last_rows: list[int] = []
         draft_rows: list[list[int]] = []
+        probe = Probe()
         for it in batch.items:
             seq, start, row = it.seq, it.seq.num_computed, len(ids)
             end = start + it.n_tokens
+            if seq.params.interventions or seq.capture is not None:
+                probe.add(row, start, it.n_tokens, tuple(seq.params.interventions), seq.capture)
             ids += seq.token_ids[start : end - len(it.drafts)] + it.drafts
             positions += range(start, end)
             table = torch.tensor(seq.block_table)
@@ -181,6 +196,7 @@ class ModelRunner:
             torch.cat(slots),
             prefills,
             _decode_batch(decode_rows, decode_tables, decode_lens, bs),
+            probe=probe if probe.requests else None,
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows, draft_rows
 

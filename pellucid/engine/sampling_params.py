@@ -7,6 +7,8 @@ and never inside a decode step.
 import math
 from dataclasses import dataclass, field
 
+from pellucid.engine.probes import Intervention
+
 
 @dataclass(slots=True)
 class TraceOptions:
@@ -100,6 +102,10 @@ class SamplingParams:
     # already in the sequence, checked in the same forward pass. None: where the engine finds
     # they pay; True: whenever a guess exists; False: never. The tokens are the same either way.
     speculative: bool | None = None
+    # Changes to this request's own forward passes (models/probes.py: ablate, steer, patch),
+    # made inside the engine's batched steps; its KV is shared only with requests under the
+    # same ones. A request with any runs the eager step.
+    interventions: list[Intervention] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -179,6 +185,12 @@ class SamplingParams:
         _require(
             self.speculative is None or isinstance(self.speculative, bool),
             f"speculative must be None, True or False, got {self.speculative!r}",
+        )
+        _require(
+            isinstance(self.interventions, (list, tuple))
+            and all(isinstance(iv, Intervention) for iv in self.interventions),
+            "interventions must be a list of Interventions (pellucid.interventions: ablate, "
+            f"steer, patch), got {self.interventions!r}",
         )
         _require(
             isinstance(self.trace, (bool, TraceOptions)),

@@ -119,7 +119,9 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give a waiting sequence its cached prefix and blocks; tokens to compute (0: no room)."""
         bm = self.block_manager
-        seq.block_table, seq.num_computed = bm.allocate_prefix(seq.token_ids)
+        seq.block_table, seq.num_computed = bm.allocate_prefix(
+            seq.token_ids, seq.cache_salt, lookup=seq.capture is None or seq.capture.last_only
+        )
         if seq.num_cached == 0:
             seq.num_cached = seq.num_computed  # first admission: what the prefix cache saved
         n = min(seq.num_pending, budget)
@@ -155,7 +157,11 @@ class Scheduler:
                 seq.timings.prefill_s += seconds
             seq.num_computed += n
             seq.num_sealed_blocks = self.block_manager.seal_full_blocks(
-                seq.block_table, seq.token_ids, seq.num_sealed_blocks, seq.num_computed
+                seq.block_table,
+                seq.token_ids,
+                seq.num_sealed_blocks,
+                seq.num_computed,
+                seq.cache_salt,
             )
 
     def finish(self, seq: Sequence) -> None:

@@ -13,6 +13,7 @@ from pellucid.engine.block_filter import BlockFilter
 from pellucid.engine.drafter import NgramDrafter
 from pellucid.engine.loops import KEEP, is_looping
 from pellucid.engine.outputs import RequestOutput, Timings, TokenLogprob
+from pellucid.engine.probes import Capture, intervention_key
 from pellucid.engine.sampler import SamplerState
 from pellucid.engine.sampling_params import GREEDY_TEMPERATURE, SamplingParams
 from pellucid.engine.stop_strings import StopStringFilter
@@ -64,6 +65,9 @@ class Sequence:
         self.on_output: Callable[[RequestOutput], None] | None = None  # its owner, if it has one
         self.redraw_due = False  # set by append: the engine is to call redraw()
         self.drafter: NgramDrafter | None = None  # set by the engine where it may draft
+        self.capture: Capture | None = None  # set by the engine for LLM.run_with_cache
+        # KV computed under interventions is shared only with requests under the same ones
+        self.cache_salt = intervention_key(params.interventions)
         self._tokenizer = tokenizer
         self._start_reply()
 

@@ -4,18 +4,22 @@ The calls, by caller:
     ModelRunner.run:   traced = traced_items(batch)                 # [] when nobody asked
                        before_forward(ctx, traced)                  # ask attention / hidden states
                        after_forward(ctx, traced, logits, token_ids)  # keep a few tensors
+                       keep_patterns(ctx, captured)                 # LLM.run_with_cache's
     LLMEngine.step:    end_step(batch, seconds)                     # timings, KV use
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from pellucid.engine.probes import hook_name, pattern_layer
 from pellucid.engine.scheduler import Batch, ScheduledSeq
+from pellucid.engine.sequence import Sequence
 from pellucid.engine.trace_recorder import StepFacts
 from pellucid.models.context import ForwardContext
 
@@ -29,14 +33,17 @@ class TracedItem:
     sample_row: int | None  # its row among the sampled logits, if it samples
 
 
-def traced_items(batch: Batch) -> list[TracedItem]:
-    """Where each traced sequence sits in this step's inputs; [] (at once) when none is traced."""
-    if all(it.seq.trace is None for it in batch.items):
+def traced_items(
+    batch: Batch, wanted: Callable[[Sequence], bool] = lambda seq: seq.trace is not None
+) -> list[TracedItem]:
+    """Where each traced (or otherwise `wanted`) sequence sits in this step's inputs; [] (at
+    once) when there is none."""
+    if not any(wanted(it.seq) for it in batch.items):
         return []
     found, row, n_prefill, n_decode, n_sample = [], 0, 0, 0, 0
     for it in batch.items:  # the same walk as ModelRunner.prepare
         is_decode = it.n_tokens == 1 or bool(it.drafts)  # drafts: a decode row each
-        if it.seq.trace is not None:
+        if wanted(it.seq):
             found.append(
                 TracedItem(
                     it,
@@ -75,7 +82,8 @@ def after_forward(
     for t in traced:
         seq, rec = t.item.seq, t.item.seq.trace
         if rec.options.attention_layers:
-            rec.keep_attention(_attention_of(ctx, t), seq.num_computed)
+            layers = rec.options.attention_layers
+            rec.keep_attention(attention_of(ctx, t, layers), seq.num_computed)
         if t.sample_row is not None and logits is not None:
             hidden = None
             if rec.options.logit_lens:
@@ -114,10 +122,11 @@ def end_step(batch: Batch, seconds: float) -> None:
         )
 
 
-def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
+def attention_of(ctx: ForwardContext, t: TracedItem, layers: Iterable[int]) -> dict[int, Tensor]:
     """layer -> this sequence's probs (heads, q_len, ctx) out of the step-wide capture."""
     out = {}
-    for layer, kept in ctx.attention.items():
+    for layer in layers:
+        kept = ctx.attention[layer]
         if t.prefill_index is not None:
             out[layer] = kept[t.prefill_index][0]  # (heads, q_len, ctx)
         else:  # one decode row, or one per token with drafts, padded to the longest
@@ -126,3 +135,24 @@ def _attention_of(ctx: ForwardContext, t: TracedItem) -> dict[int, Tensor]:
             n = int(ctx.decode.ctx_lens[rows[-1]])
             out[layer] = kept[len(ctx.prefills)][list(rows), :, 0, :n].transpose(0, 1)
     return out
+
+
+def keep_patterns(ctx: ForwardContext, captured: list[TracedItem]) -> None:
+    """Hand each capture (LLM.run_with_cache) the attention patterns it asked for."""
+    for t in captured:
+        for layer, probs in attention_of(ctx, t, sorted(_pattern_layers(t))).items():
+            seq = t.item.seq
+            seq.capture.keep(hook_name("pattern", layer), probs.float(), seq.num_computed)
+
+
+def pattern_layers(captured: list[TracedItem]) -> set[int]:
+    """The layers whose attention probabilities this step's captures need."""
+    return {layer for t in captured for layer in _pattern_layers(t)}
+
+
+def _pattern_layers(t: TracedItem) -> set[int]:
+    seq = t.item.seq
+    if seq.capture.last_only and seq.num_computed + t.item.n_tokens < len(seq.token_ids):
+        return set()  # not the chunk holding the last position
+    names = seq.capture.names
+    return {layer for name in names if (layer := pattern_layer(name)) is not None}

@@ -29,6 +29,7 @@ from pellucid.engine.trace_records import (
     Tokenization,
     Trace,
 )
+from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer import Tokenizer
 
@@ -94,8 +95,9 @@ class Recorder:
                 cfg.vocab_size,
                 _weight_bytes(model),
                 cfg.scale,
+                flops_per_token(cfg),
             ),
-            sampling={f.name: getattr(params, f.name) for f in fields(params) if f.name != "trace"},
+            sampling=_as_given(params),
             tokenization=Tokenization(
                 tokenizer.decode(prompt_ids),
                 [
@@ -253,6 +255,21 @@ class Recorder:
             for i, p in zip(ids.tolist(), probs.tolist())
             if p > 0
         ]
+
+
+def flops_per_token(cfg: ModelConfig) -> int:
+    """FLOPs of the matrix products of one token's pass: 2 per weight, LM head included (the
+    attention over the context adds 4 x layers x heads x head_dim per token it reads)."""
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    per_layer = cfg.dim * (q + 2 * kv) + q * cfg.dim + 3 * cfg.dim * cfg.ffn_dim
+    return 2 * (cfg.n_layers * per_layer + cfg.dim * cfg.vocab_size)
+
+
+def _as_given(params: SamplingParams) -> dict:
+    """The request's settings as plain values; each intervention as what it is and where."""
+    given = {f.name: getattr(params, f.name) for f in fields(params) if f.name != "trace"}
+    given["interventions"] = [iv.describe() for iv in params.interventions]
+    return given
 
 
 def _snapshot(state: SamplerState) -> SamplerState:

@@ -138,6 +138,7 @@ class ModelInfo:
     vocab_size: int
     weight_bytes: int
     scale: float  # the softmax scale of attention, 1/sqrt(head_dim) unless the model says so
+    flops_per_token: int = 0  # the matrix products of one token's pass (2 per weight)
 
 
 @dataclass(slots=True)
@@ -152,6 +153,7 @@ class Trace:
     output_text: str = ""
     finish_reason: str | None = None
     bandwidth_limit_gbs: float | None = None  # the machine's measured copy bandwidth, if known
+    flops_limit: float | None = None  # ... and its measured matrix-product FLOP/s
 
     @property
     def decode_steps(self) -> list[Step]:

@@ -9,8 +9,17 @@ separately, reading each one's keys and values from the paged KV cache through i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torch import Tensor
+
+
+class Probe(Protocol):
+    """What some requests of a step look at or change inside the pass (engine/probes.py)."""
+
+    def at(self, site: str, layer: int, x: Tensor) -> Tensor:
+        """x (N, ...): the site's tensor for the step's N rows, edited in place as asked."""
+        ...
 
 
 @dataclass(slots=True)
@@ -59,3 +68,12 @@ class ForwardContext:
     # Rows whose hidden state is kept after every layer (for the logit lens); None: none are.
     capture_hidden_rows: Tensor | None = None
     layer_hidden: list[Tensor] = field(default_factory=list)  # per layer (len(rows), dim)
+    # What some requests of the step look at or change inside the pass; None: nothing
+    probe: Probe | None = None
+
+
+def see(ctx: ForwardContext | None, site: str, layer: int, x: Tensor) -> None:
+    """Where the model shows a step's probe a site (engine/probes.py): x (1, N, ...), all the
+    step's rows, which the probe may edit in place; nothing happens in a step without one."""
+    if ctx is not None and ctx.probe is not None:
+        ctx.probe.at(site, layer, x[0])

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pellucid.models.config import ModelConfig
-from pellucid.models.context import ForwardContext
+from pellucid.models.context import ForwardContext, see
 from pellucid.models.layers import MLP, Attention, RMSNorm
 from pellucid.models.llama import Block, LlamaModel
 from pellucid.models.rope import rope_cos_sin
@@ -54,7 +54,10 @@ class GemmaBlock(Block):
     ) -> Tensor:
         attn = self.self_attn(self.input_layernorm(x), positions, rope, ctx)
         h = x + self.post_attention_layernorm(attn)
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        mlp = self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        see(ctx, "resid_mid", self.self_attn.layer, h)
+        see(ctx, "mlp_out", self.self_attn.layer, mlp)
+        return h + mlp
 
 
 class Gemma3Model(LlamaModel):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pellucid.models.config import ModelConfig
-from pellucid.models.context import ForwardContext
+from pellucid.models.context import ForwardContext, see
 from pellucid.models.paged_attention import (
     attend,
     attend_causal,
@@ -97,12 +97,17 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if ctx is not None:  # inference: B == 1 and T is every token of the step
-            out = paged_attention(q[0], k[0], v[0], self.layer, ctx, self.window, self.scale)
+            for site, seen in (("q", q), ("k", k), ("v", v)):
+                see(ctx, site, self.layer, seen)
+            out = paged_attention(q[0], k[0], v[0], self.layer, ctx, self.window, self.scale)[None]
+            see(ctx, "z", self.layer, out)  # where head ablation and head patching act
         else:  # training / full recompute: causal attention within each row of the batch
             out = self.attend_within(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), positions
             ).transpose(1, 2)  # (B, T, H, hd)
-        return self.o_proj(out.reshape(B, T, -1))
+        out = self.o_proj(out.reshape(B, T, -1))
+        see(ctx, "attn_out", self.layer, out)
+        return out
 
     def attend_within(self, q: Tensor, k: Tensor, v: Tensor, positions: Tensor) -> Tensor:
         """q (B, H, T, hd), k/v (B, Hkv, T, hd), the T tokens in order -> (B, H, T, hd)."""

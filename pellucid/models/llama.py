@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from pellucid.models.config import ModelConfig
-from pellucid.models.context import ForwardContext
+from pellucid.models.context import ForwardContext, see
 from pellucid.models.layers import MLP, Attention, RMSNorm, embedding
 from pellucid.models.paged_attention import causal_bias
 from pellucid.models.rope import rope_cos_sin, rope_for_heads
@@ -45,7 +45,10 @@ class Block(nn.Module):
         ctx: ForwardContext | None,
     ) -> Tensor:
         h = x + self.self_attn(self.input_layernorm(x), positions, rope, ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        mlp = self.mlp(self.post_attention_layernorm(h))
+        see(ctx, "resid_mid", self.self_attn.layer, h)
+        see(ctx, "mlp_out", self.self_attn.layer, mlp)
+        return h + mlp
 
 
 class LlamaModel(nn.Module):
@@ -92,10 +95,14 @@ class LlamaModel(nn.Module):
             key = self.rope_key(i)
             if key not in tables and self.uses_rope:
                 tables[key] = rope_for_heads(*self.rope_tables(positions, i), x.dtype)
+            see(ctx, "resid_pre", i, x)
             x = layer(x, positions, tables.get(key), ctx)
+            see(ctx, "resid_post", i, x)  # where steering and patching act
             if ctx is not None and ctx.capture_hidden_rows is not None:  # a traced request
                 ctx.layer_hidden.append(x[0, ctx.capture_hidden_rows])
-        return self.norm(x)
+        x = self.norm(x)
+        see(ctx, "normalized", 0, x)
+        return x
 
     def rope_key(self, layer: int) -> int:
         return 0

@@ -61,8 +61,9 @@ class HandleStream(StreamingResponse):
 # --- chat ----------------------------------------------------------------------------------
 async def chat(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
     prompt = P.chat_prompt(state.llm, body)
+    edits = await P.interventions(state.llm, body, prompt)
     sampling = P.sampling_params(
-        state.llm, body, prompt, P.chat_max_tokens(body), P.chat_logprobs(body)
+        state.llm, body, prompt, P.chat_max_tokens(body), P.chat_logprobs(body), edits
     )
     handle = state.submit([prompt], [sampling])
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -177,7 +178,15 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
     P.check_best_of(body)
     prompts = P.completion_prompts(state.llm, body)
     sampling = [
-        P.sampling_params(state.llm, body, p, body.max_tokens, body.logprobs) for p in prompts
+        P.sampling_params(
+            state.llm,
+            body,
+            p,
+            body.max_tokens,
+            body.logprobs,
+            await P.interventions(state.llm, body, p),
+        )
+        for p in prompts
     ]
     handle = state.submit(prompts, sampling)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())

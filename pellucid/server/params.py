@@ -6,12 +6,14 @@ Everything a user can get wrong is caught here, before the engine sees it, and r
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from pellucid.engine import SamplingParams, TraceOptions
+from pellucid.engine import Intervention, SamplingParams, TraceOptions
 from pellucid.errors import PromptError
 from pellucid.llm import LLM
+from pellucid.probing import interventions_from_json
 from pellucid.server.errors import bad_request
 from pellucid.server.protocol import (
     ChatCompletionRequest,
@@ -128,12 +130,27 @@ def check_prompt(llm: LLM, ids: list[int], param: str) -> None:
         raise bad_request(str(e), param) from e
 
 
+async def interventions(llm: LLM, request: SamplingRequest, prompt: Prompt) -> list[Intervention]:
+    """The request's `interventions`, read and checked; those worked out from activations (a
+    mean ablation, steering from two prompts, a patch from another prompt) run their passes on
+    the engine from a worker thread, between the server's steps, without holding up the loop."""
+    if not request.interventions:
+        return []
+    try:
+        return await asyncio.to_thread(
+            interventions_from_json, llm, request.interventions, prompt.ids
+        )
+    except (ValueError, PromptError) as e:
+        raise bad_request(str(e), "interventions") from e
+
+
 def sampling_params(
     llm: LLM,
     request: SamplingRequest,
     prompt: Prompt,
     max_tokens: int | None,
     logprobs: int | None,
+    edits: list[Intervention] | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice; with a seed, choice i uses seed + i (distinct, reproducible)."""
     if request.logit_bias:
@@ -180,6 +197,7 @@ def sampling_params(
                     ignore_eos=request.ignore_eos,
                     trace=_trace_options(llm, request.trace),
                     speculative=request.speculative,
+                    interventions=edits or [],
                     **prompt.sampling,
                     **given,
                 )

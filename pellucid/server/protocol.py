@@ -55,6 +55,9 @@ class SamplingRequest(BaseModel):
     # pellucid's extension: speculative decoding from the reply's own n-grams; None: where the
     # engine finds it pays, True: wherever a draft is found, False: never (same tokens either way)
     speculative: bool | None = None
+    # pellucid's extension: changes to this request's forward passes (head ablation, steering,
+    # patching; pellucid/probing.py reads them), made inside the batched engine
+    interventions: list[dict[str, Any]] | None = None
 
 
 class TextPart(BaseModel):
@@ -293,3 +296,23 @@ class DetokenizeRequest(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+# --- the explorer's routes (pellucid's extension) --------------------------------------------
+class InspectRequest(BaseModel):
+    """One position of a text (prompt + reply token ids): its attention rows and logit lens."""
+
+    model: str | None = None
+    tokens: list[int] = Field(min_length=1)
+    position: int = Field(ge=0)
+    interventions: list[dict[str, Any]] | None = None  # those the text was generated under
+    top_k: int = Field(5, ge=1, le=20)
+
+
+class PatchingRequest(BaseModel):
+    """Activation patching: the corrupted prompt run with one clean activation at a time."""
+
+    model: str | None = None
+    clean: str = Field(min_length=1)
+    corrupted: str = Field(min_length=1)
+    site: Literal["resid_post", "z"] = "resid_post"
