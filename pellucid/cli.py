@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ahead.set_defaults(run=run_compile)
     add_explain_command(commands)
+    add_patch_command(commands)
     add_agent_command(commands)  # the tool loop
     add_training_commands(commands)  # data prepare, train, export
     return parser
@@ -402,6 +403,37 @@ def add_explain_command(commands: argparse._SubParsersAction) -> None:
     ex.add_argument("--html", metavar="FILE", help="write one self-contained interactive page")
     ex.add_argument("--png", metavar="DIR", help="write plots (attention, timing, KV, odds)")
     ex.add_argument("--json", metavar="FILE", help="write the trace records as JSON")
+
+
+def add_patch_command(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "patch", help="activation patching: which layers and positions carry a difference"
+    )
+    p.add_argument("clean", help='e.g. "The capital of France is"')
+    p.add_argument("corrupted", help='as many tokens, one word changed: "The capital of Italy is"')
+    p.add_argument(
+        "--site",
+        choices=["resid_post", "z"],
+        default="resid_post",
+        help="patch the residual stream per position, or each head's output (z)",
+    )
+    p.add_argument("--png", metavar="FILE", help="write the heatmap")
+    add_model_args(p)
+    p.set_defaults(run=run_patch)
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    from pellucid.probing import activation_patching
+
+    result = activation_patching(load(args), args.clean, args.corrupted, args.site)
+    print(
+        f"clean answer {result.answers[0]!r}, corrupted {result.answers[1]!r}; logit difference "
+        f"{result.clean:.2f} clean, {result.corrupted:.2f} corrupted; share restored:"
+    )
+    print(result.table())
+    if args.png:
+        print(f"wrote {result.write_png(args.png)}", file=sys.stderr)
+    return 0
 
 
 def run_explain(args: argparse.Namespace) -> int:

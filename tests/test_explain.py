@@ -8,6 +8,7 @@ import re
 import shutil
 
 import pytest
+import torch
 from rich.console import Console
 
 from pellucid.cli import build_parser, run_explain
@@ -93,13 +94,38 @@ def test_png_plots(explained, tmp_path):
 
 def test_html_is_self_contained(explained):
     page = render_html(explained)
-    assert "__TRACE_JSON__" not in page
+    assert "__STATIC_DATA__" not in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # no network at all
-    assert "@import" not in page and "fetch(" not in page
-    data = re.search(
-        r'<script id="trace-data" type="application/json">(.*?)</script>', page, re.DOTALL
-    ).group(1)
-    assert json.loads(data)["trace"]["tokenization"]["tokens"][1]["piece"] == " bank"
+    assert "@import" not in page
+    data = json.loads(
+        re.search(
+            r'<script id="static-data" type="application/json">(.*?)</script>', page, re.DOTALL
+        ).group(1)
+    )
+    assert data["trace"]["tokenization"]["tokens"][1]["piece"] == " bank"
+    n_prompt, n_steps = 6, len(explained.trace.steps)
+    assert sorted(int(q) for q in data["views"]) == list(range(n_prompt + n_steps - 1))
+
+
+def test_a_static_view_is_what_the_engine_shows_of_that_position(explained, smollm2):
+    """The file's view of a position (from the trace) against /v1/inspect's (a new pass)."""
+    from pellucid.probing import inspect_position
+    from pellucid.trace.html import static_data
+
+    t = explained.trace
+    ids = [k.id for k in t.tokenization.tokens] + [s.token.id for s in t.steps]
+    views = static_data(explained)["views"]
+    for q in (2, len(t.tokenization.tokens) - 1, len(ids) - 2):
+        live = inspect_position(smollm2, ids, q)
+        for kept, fresh in zip(views[q]["attention"], live["attention"], strict=True):
+            assert kept["layer"] == fresh["layer"]
+            assert torch.allclose(
+                torch.tensor(kept["heads"]), torch.tensor(fresh["heads"]), atol=1e-4
+            )
+        if views[q]["lens"]:  # positions that sampled a token
+            assert [x["top"][0]["id"] for x in views[q]["lens"]] == [
+                x["top"][0]["id"] for x in live["lens"]
+            ]
 
 
 def test_cli_explain_arguments():
@@ -124,13 +150,15 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
-def test_html_report_in_headless_chromium(explained, tmp_path):
+def test_html_explorer_file_in_headless_chromium(explained, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
-    path = write_html(explained, tmp_path / "report.html")
+    path = write_html(explained, tmp_path / "explain.html")
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1600})
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
             page.route(
                 "**/*",
                 lambda route: (
@@ -140,16 +168,22 @@ def test_html_report_in_headless_chromium(explained, tmp_path):
                 ),
             )  # prove it works offline
             page.goto(path.as_uri())
-            generated = page.locator("#tokens .tok.gen")
+            page.wait_for_function("window.explorerReady === true")
+            generated = page.locator("#tokens .tok:not(.prompt)")
             assert generated.count() == len(explained.trace.steps)
             assert page.locator("#tokens .tok.prompt").count() == 6
-            cells = page.locator("#heatmap td.cell")
-            assert cells.count() == 6 * 7 // 2  # the causal triangle of 6 prompt tokens
-            assert page.locator("#timeline rect").count() == 1 + len(explained.trace.steps) - 1
+            assert page.locator("#timeline rect").count() == len(explained.trace.steps)
             generated.nth(1).click()
-            assert "Step 1" in page.locator("#details").inner_text()
-            assert page.locator("#details table.alternatives tr").count() == 1 + 6  # 6 stages
-            shot = page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+            page.wait_for_selector("#lens table")
+            assert "step 1" in page.locator("#sampling").inner_text()
+            assert page.locator("#lens table tr").count() == explained.trace.model.layers
+            assert page.locator("#attention table tr").count() > 0
+            assert "slower" in page.locator("#p-experiments").inner_text()
+            page.locator("#tokens .tok.prompt").nth(2).click()  # a prompt token: attention only
+            page.wait_for_selector("#attention table")
+            assert "the live explorer computes it" in page.locator("#lens").inner_text()
+            shot = page.screenshot(path=str(tmp_path / "explain.png"), full_page=True)
+            assert errors == []
         finally:
             browser.close()
     assert len(shot) > 20_000  # a drawn page, not a blank one

@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: pellucid serve
 
 Routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/tokenize, /v1/detokenize,
-/health, /metrics, and / (the web view: chat with its tokens, attention, timeline, KV cache).
+/health, /metrics, / (the explorer page) and the routes it asks (explorer.py: /v1/explorer,
+/v1/inspect, /v1/patching).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pellucid.llm import LLM
 from pellucid.server import completions
 from pellucid.server.errors import APIError, bad_request, error_body, install_error_handlers
+from pellucid.server.explorer import add_explorer_routes
 from pellucid.server.limits import ServerLimits
 from pellucid.server.protocol import (
     ChatCompletionRequest,
@@ -128,6 +130,7 @@ def _v1_router(state: ServerState) -> APIRouter:
             )
         return DetokenizeResponse(prompt=state.llm.tokenizer.decode(body.tokens))
 
+    add_explorer_routes(router, state)
     return router
 
 
@@ -151,8 +154,7 @@ def _add_monitoring_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/", response_class=HTMLResponse)
     async def web_view() -> HTMLResponse:
-        cfg = state.llm.model.cfg
-        return HTMLResponse(html.web_view(state.model_name, cfg.n_layers, cfg.n_heads))
+        return HTMLResponse(html.web_view(state.model_name))
 
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:

@@ -50,6 +50,7 @@ def explain(
     llm.generate("Warm up, please.", SamplingParams(temperature=0, max_tokens=2))
     trace = traced_run(llm, ids, params)
     trace.bandwidth_limit_gbs = measure_bandwidth()
+    trace.flops_limit = measure_flops(llm.dtype)
     focus_index = find_focus(trace, focus)
     if layer is None or head is None:
         best_layer, best_head = pick_head(trace, focus_index)
@@ -222,6 +223,17 @@ def measure_bandwidth(mib: int = 256, repeats: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - start)
     return 2 * src.numel() * 4 / best / 1e9
+
+
+def measure_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of one square matrix product in `dtype`: roughly the most a pre-fill can reach."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
 
 
 def _with(params: SamplingParams, **changes: object) -> SamplingParams:
