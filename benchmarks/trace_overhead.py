@@ -1,9 +1,17 @@
-"""What tracing one request costs the others: 16 requests decode together, once with none traced
-and once with one traced; the 15 untraced requests' tokens/s are compared, per second of wall
-time and of CPU time, in back-to-back pairs (median of the paired ratios), plus the share of the
-shared steps the recorder itself took (its own clock, immune to neighbours). The trace holds
-attention at every layer and the logit lens (`--basic`: tokens, stages, timings and KV only);
-the model runs on the default path (`--dtype float32`: the reference).
+"""What tracing one request costs the others, and its own pre-fill.
+
+1. 16 requests decode together, once with none traced and once with one traced; the 15 untraced
+   requests' tokens/s are compared, per second of wall time and of CPU time, in back-to-back pairs
+   (median of the paired ratios), plus the share of the shared steps the recorder itself took (its
+   own clock, immune to neighbours). The trace holds attention at every layer and the logit lens
+   in flight (`--basic`: tokens, stages, timings and KV only: what the explorer records, which
+   asks `/v1/inspect` for a token's attention and lens when one is clicked).
+2. One request pre-fills a 512-token prompt alone, untraced and traced, in back-to-back pairs
+   (a new prompt each time: no prefix-cache hit): the traced pre-fill's time over the untraced.
+3. One click in the explorer: `inspect_position` (attention rows at every layer and head, and the
+   logit lens) of a token 512 positions in, after its text was generated (prefix cache warm).
+
+The model runs on the default path (`--dtype float32`: the reference).
 
     .venv/bin/python benchmarks/trace_overhead.py [--batch 16] [--tokens 32] [--repeats 5]
 """
@@ -19,10 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
-from common import save
+from common import save, summarize
 
 from pellucid import LLM, SamplingParams
 from pellucid.engine import TraceOptions
+from pellucid.probing import inspect_position
 
 TOPICS = [
     "the sea",
@@ -83,6 +92,43 @@ def run_batch(
     )
 
 
+def prefill_s(llm: LLM, ids: list[int], trace: bool | TraceOptions) -> float:
+    """Seconds the engine spent pre-filling `ids` (one request, alone)."""
+    params = SamplingParams(temperature=0, max_tokens=1, trace=trace)
+    return llm.generate(ids, params)[0].timings.prefill_s
+
+
+def prompt_of(llm: LLM, n: int, salt: int) -> list[int]:
+    """n token ids of ordinary text, starting with a number no earlier prompt had."""
+    text = (Path(__file__).parent / "prompt.txt").read_text()
+    return llm.encode(f"{salt}. {text}")[:n]
+
+
+def prefill_pairs(llm: LLM, trace: bool | TraceOptions, repeats: int) -> list[tuple[float, float]]:
+    prefill_s(llm, prompt_of(llm, 512, -1), trace)  # warm-up
+    pairs = []
+    for i in range(repeats):
+        pairs.append(
+            (
+                prefill_s(llm, prompt_of(llm, 512, 2 * i), False),
+                prefill_s(llm, prompt_of(llm, 512, 2 * i + 1), trace),
+            )
+        )
+    return pairs
+
+
+def inspect_s(llm: LLM, repeats: int) -> list[float]:
+    """Seconds of one explorer click on the last of 512 tokens just generated over."""
+    ids = prompt_of(llm, 512, 10_000)
+    llm.generate(ids, SamplingParams(temperature=0, max_tokens=1))  # its KV, as a reply leaves it
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        inspect_position(llm, ids, len(ids) - 1)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
@@ -111,6 +157,9 @@ def main() -> None:
                 run_batch(llm, prompts, args.tokens, True, trace),
             )
         )
+    prefills = prefill_pairs(llm, trace, args.repeats)
+    prefill_ratio = statistics.median(t / p for p, t in prefills)
+    clicks = inspect_s(llm, args.repeats)
     wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
     cpu = 1 - statistics.median(t.cpu_tok_s / p.cpu_tok_s for p, t in pairs)
     share = sum(t.recording_s for _, t in pairs) / sum(t.steps_s for _, t in pairs)
@@ -119,8 +168,14 @@ def main() -> None:
         f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
         f"took {share:.2%} of the steps the traced request shared"
     )
+    print(
+        f"its own 512-token pre-fill traced / untraced: median {prefill_ratio:.2f}x "
+        f"({', '.join(f'{t / p:.2f}' for p, t in prefills)}); one explorer click (attention "
+        f"and lens of position 511): median {statistics.median(clicks) * 1000:.0f} ms "
+        f"(min {min(clicks) * 1000:.0f}, max {max(clicks) * 1000:.0f})"
+    )
     save(
-        "trace_overhead",
+        "trace_overhead-basic" if args.basic else "trace_overhead",
         {
             "model": args.model,
             "dtype": args.dtype,
@@ -130,6 +185,9 @@ def main() -> None:
             "median_paired_cost_wall": round(wall, 4),
             "median_paired_cost_cpu": round(cpu, 4),
             "recording_share_of_steps": round(share, 5),
+            "prefill_512_pairs_s": [{"plain": p, "traced": t} for p, t in prefills],
+            "prefill_traced_over_plain_median": round(prefill_ratio, 3),
+            "inspect_position_511_s": summarize(clicks),
         },
     )
 

@@ -166,4 +166,4 @@ def test_patching_on_the_page_draws_the_heatmap(server, tmp_path):
         assert "' Paris'" in page.locator("#pt-out").inner_text()
         cells = page.locator("#pt-out table tr").nth(1).locator("td.cell")
         assert cells.count() == 5  # The / capital / of / France / is
-        screenshot(page, "patching.png", tmp_path)
+        screenshot(page, "explorer-patching.png", tmp_path)
