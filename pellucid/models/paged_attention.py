@@ -29,16 +29,18 @@ def attend(
 ) -> Tensor:
     """softmax(q·kᵀ·scale + mask)·v with grouped KV heads; q (B, H, T, hd), k/v (B, Hkv, S, hd).
 
-    With `keep`, the probabilities are computed explicitly and appended to it (for `explain`);
-    otherwise the fused SDPA kernel runs.
+    With `keep`, the probabilities are computed explicitly, in float32, and appended to it (for
+    traces and captures); otherwise the fused SDPA kernel runs. float32 because bf16 products of
+    this shape are an order of magnitude slower on a CPU without native bf16 (AVX2).
     """
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    probs = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    k, v = k.repeat_interleave(group, dim=1).float(), v.repeat_interleave(group, dim=1).float()
+    scores = (q.float() @ k.transpose(-1, -2)) * scale
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     keep.append(probs)
-    return probs @ v
+    return (probs @ v).to(q.dtype)
 
 
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
