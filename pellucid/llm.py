@@ -38,6 +38,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # The default: int4/int8 weights, bf16 activations and KV cache (models/quant.py), perplexity
 # within 1% of float32. dtype="float32" is the reference, which matches transformers' logits.
 FAST_PATH = "int4"
+SCORE_ROWS = 256  # prompt positions scored per LM-head product: (256, vocab) float32 at a time
 
 
 class LLM:
@@ -230,23 +231,57 @@ class LLM:
         last position alone (logits (1, vocab), activations (1, ...)), reading the prefix cache
         for the rest: one token's view at any context length."""
         wanted = self._hook_names(names)
+        results = []
+        with torch.inference_mode():
+            for cache in self._captures(prompts, wanted - {LOGITS}, interventions, last_only):
+                logits = self.model.compute_logits(cache[FINAL_NORM].to(self.dtype))
+                cache[LOGITS] = logits
+                results.append((logits, {n: cache[n] for n in wanted}))
+        return results
+
+    def prompt_logprobs(self, prompts: list[Prompt], top_n: int = 0) -> list[list[TokenLogprob]]:
+        """Each prompt's tokens scored by the model, batched through the engine: for token i >= 1
+        its logprob given the tokens before it, and the `top_n` likeliest there (the first token
+        has nothing before it: it is left out). What lm-evaluation-harness asks for."""
+        out = []
+        with torch.inference_mode():
+            for prompt, cache in zip(prompts, self._captures(prompts, set())):
+                ids = torch.tensor(self.encode(prompt)[1:])
+                predicting = cache[FINAL_NORM][: len(ids)]  # row i: what follows token i
+                rows: list[TokenLogprob] = []
+                for at in range(0, len(ids), SCORE_ROWS):  # (rows, vocab) a slice at a time
+                    hidden = predicting[at : at + SCORE_ROWS].to(self.dtype)
+                    logprobs = self.model.compute_logits(hidden).log_softmax(-1)
+                    chosen = logprobs.gather(1, ids[at : at + SCORE_ROWS, None])[:, 0].tolist()
+                    top = logprobs.topk(top_n) if top_n else None
+                    for r, (token_id, logprob) in enumerate(zip(ids[at:].tolist(), chosen)):
+                        alts = (
+                            []
+                            if top is None
+                            else list(zip(top.indices[r].tolist(), top.values[r].tolist()))
+                        )
+                        rows.append(TokenLogprob(token_id, logprob, alts))
+                out.append(rows)
+        return out
+
+    def _captures(
+        self,
+        prompts: list[Prompt],
+        names: set[str],
+        interventions: list[list[Intervention]] | None = None,
+        last_only: bool = False,
+    ) -> list[dict[str, Tensor]]:
+        """Run each prompt as a one-token request that keeps `names` (and always the final
+        norm's output, which the LM head reads) for its prompt; the kept tensors, per prompt."""
         per_prompt = interventions or [[] for _ in prompts]
         requests = [
             (self.encode(p), SamplingParams(max_tokens=1, temperature=0, interventions=list(ivs)))
             for p, ivs in zip(prompts, per_prompt, strict=True)
         ]
-        # the final norm's output is always kept: the logits are the LM head's reading of it
-        captures = [Capture((wanted - {LOGITS}) | {FINAL_NORM}, last_only) for _ in requests]
+        captures = [Capture(names | {FINAL_NORM}, last_only) for _ in requests]
         for _ in self._outputs(requests, captures):
             pass
-        results = []
-        with torch.inference_mode():
-            for (ids, _), capture in zip(requests, captures):
-                cache = capture.result(len(ids))
-                logits = self.model.compute_logits(cache[FINAL_NORM].to(self.dtype))
-                cache[LOGITS] = logits
-                results.append((logits, {n: cache[n] for n in wanted}))
-        return results
+        return [c.result(len(ids)) for (ids, _), c in zip(requests, captures)]
 
     def _hook_names(self, names: Iterable[str] | None) -> set[str]:
         valid = hook_names(self.model.cfg)

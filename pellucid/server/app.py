@@ -3,8 +3,8 @@
     app = create_app(LLM("smollm2-135m"), api_key="secret", model_name="smollm2-135m")
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: pellucid serve
 
-Routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/tokenize, /v1/detokenize,
-/health, /metrics, / (the explorer page) and the routes it asks (explorer.py: /v1/explorer,
+Routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/tokenize, /v1/detokenize
+(also at the root, as vLLM has them, with /tokenizer_info), /health, /metrics, / (the explorer page) and the routes it asks (explorer.py: /v1/explorer,
 /v1/inspect, /v1/patching).
 """
 
@@ -69,11 +69,22 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(LoadShedding, state=state)
     app.include_router(_v1_router(state))
+    # vLLM serves these at the root too; lm-evaluation-harness's remote tokenizer asks there
+    root = APIRouter(responses=ERRORS, dependencies=_key_check(state))
+    add_tokenizer_routes(root, state)
+
+    @root.get("/tokenizer_info")
+    async def tokenizer_info() -> dict:
+        return state.llm.tokenizer.config() | {"model_max_length": state.llm.engine.max_model_len}
+
+    app.include_router(root)
     _add_monitoring_routes(app, state)
     return app
 
 
-def _v1_router(state: ServerState) -> APIRouter:
+def _key_check(state: ServerState) -> list:
+    """The dependency that refuses a request without the server's API key (none if it has none)."""
+
     async def check_key(creds: Credentials) -> None:
         given = creds.credentials if creds is not None else ""
         if not secrets.compare_digest(given.encode(), (state.api_key or "").encode()):
@@ -84,9 +95,11 @@ def _v1_router(state: ServerState) -> APIRouter:
                 code="invalid_api_key",
             )
 
-    router = APIRouter(
-        prefix="/v1", responses=ERRORS, dependencies=[Depends(check_key)] if state.api_key else []
-    )
+    return [Depends(check_key)] if state.api_key else []
+
+
+def _v1_router(state: ServerState) -> APIRouter:
+    router = APIRouter(prefix="/v1", responses=ERRORS, dependencies=_key_check(state))
 
     @router.get("/models")
     async def list_models() -> ModelList:
@@ -107,6 +120,12 @@ def _v1_router(state: ServerState) -> APIRouter:
         state.check_model(body.model)
         return await completions.text(state, body, request)
 
+    add_tokenizer_routes(router, state)
+    add_explorer_routes(router, state)
+    return router
+
+
+def add_tokenizer_routes(router: APIRouter, state: ServerState) -> None:
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         state.check_model(body.model)
@@ -129,9 +148,6 @@ def _v1_router(state: ServerState) -> APIRouter:
                 f"tokens {bad[:5]} are outside the vocabulary (0..{vocab - 1})", "tokens"
             )
         return DetokenizeResponse(prompt=state.llm.tokenizer.decode(body.tokens))
-
-    add_explorer_routes(router, state)
-    return router
 
 
 def _ok(model: type) -> dict[int | str, dict]:

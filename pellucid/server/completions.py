@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pellucid.engine import RequestOutput
+from pellucid.engine import RequestOutput, TokenLogprob
 from pellucid.server import params as P
 from pellucid.server import responses as R
 from pellucid.server.async_engine import RequestHandle
@@ -177,6 +177,12 @@ async def _chat_events(
 async def text(state: ServerState, body: CompletionRequest, request: Request) -> Response:
     P.check_best_of(body)
     prompts = P.completion_prompts(state.llm, body)
+    scored = None  # the prompts' own tokens' logprobs, for echo with logprobs
+    if body.echo and body.logprobs is not None:
+        ids = [p.ids for p in prompts]
+        scored = await asyncio.to_thread(state.llm.prompt_logprobs, ids, body.logprobs)
+    if body.max_tokens == 0:
+        return _prompt_only(state, body, prompts, scored)
     sampling = [
         P.sampling_params(
             state.llm,
@@ -191,8 +197,10 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
     handle = state.submit(prompts, sampling)
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     choice_prompts = [p for p in prompts for _ in range(body.n)]  # choice index -> its prompt
+    choice_scores = [s for s in scored or [None] * len(prompts) for _ in range(body.n)]
     if body.stream:
-        return HandleStream(_text_events(state, body, handle, rid, created, choice_prompts), handle)
+        events = _text_events(state, body, handle, rid, created, choice_prompts, choice_scores)
+        return HandleStream(events, handle)
     finals = await _gather(state, handle, request)
     if finals is None:
         return Response(status_code=499)
@@ -203,7 +211,9 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
         logprobs = None
         if out.logprobs is not None:
             echo_ids = prompt.ids if body.echo else None
-            logprobs = R.completion_logprobs(state.llm.tokenizer, out.logprobs, 0, echo_ids)
+            logprobs = R.completion_logprobs(
+                state.llm.tokenizer, out.logprobs, 0, echo_ids, choice_scores[i]
+            )
         choices.append(
             CompletionChoice(
                 index=i, text=head + out.text, logprobs=logprobs, finish_reason=out.finish_reason
@@ -222,6 +232,48 @@ async def text(state: ServerState, body: CompletionRequest, request: Request) ->
     )
 
 
+def _prompt_only(
+    state: ServerState,
+    body: CompletionRequest,
+    prompts: list[P.Prompt],
+    scored: list[list[TokenLogprob]] | None,
+) -> Response:
+    """max_tokens 0: nothing is generated; each choice is its prompt (with echo), scored (with
+    logprobs), finish_reason "length". Streamed, each choice is one chunk."""
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    choices = []
+    for i, prompt in enumerate(prompts):
+        logprobs = None
+        if body.logprobs is not None:
+            echo_ids = prompt.ids if body.echo else None
+            score = scored[i] if scored is not None else None
+            logprobs = R.completion_logprobs(state.llm.tokenizer, [], 0, echo_ids, score)
+        text = prompt.text if body.echo else ""
+        for k in range(body.n):
+            choices.append(
+                CompletionChoice(
+                    index=i * body.n + k, text=text, logprobs=logprobs, finish_reason="length"
+                )
+            )
+    usage = R.usage(sum(len(p.ids) for p in prompts), 0)
+
+    def response(chosen: list[CompletionChoice], with_usage: bool) -> CompletionResponse:
+        return CompletionResponse(
+            id=rid,
+            created=created,
+            model=state.model_name,
+            choices=chosen,
+            usage=usage if with_usage else None,
+        )
+
+    if not body.stream:
+        return JSONResponse(response(choices, True).model_dump())
+    events = [R.sse(response([c], False)) for c in choices]
+    if body.stream_options is not None and body.stream_options.include_usage:
+        events += R.closing_events("text_completion", rid, created, state.model_name, usage, {})
+    return StreamingResponse(iter([*events, R.SSE_DONE]), media_type="text/event-stream")
+
+
 async def _text_events(
     state: ServerState,
     body: CompletionRequest,
@@ -229,6 +281,7 @@ async def _text_events(
     rid: str,
     created: int,
     choice_prompts: list[P.Prompt],
+    choice_scores: list[list[TokenLogprob] | None],
 ) -> AsyncIterator[str]:
     tok = state.llm.tokenizer
     offsets = [0] * len(choice_prompts)  # characters sent so far per choice, for text_offset
@@ -243,7 +296,7 @@ async def _text_events(
         for i, prompt in enumerate(choice_prompts):
             lp = None
             if body.logprobs is not None:
-                lp = R.completion_logprobs(tok, [], 0, prompt.ids)
+                lp = R.completion_logprobs(tok, [], 0, prompt.ids, choice_scores[i])
             offsets[i] = len(prompt.text)
             yield chunk(i, prompt.text, lp)
     used = 0

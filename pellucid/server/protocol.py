@@ -132,6 +132,9 @@ class ChatCompletionRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # 0: no completion, only the prompt (with echo and logprobs: its tokens scored, as
+    # lm-evaluation-harness asks)
+    max_tokens: int | None = Field(None, ge=0)
     echo: bool = False  # put the prompt before the completion
     logprobs: int | None = Field(None, ge=0, le=5)
     suffix: str | None = None  # not supported: refused when not empty

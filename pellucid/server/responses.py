@@ -40,13 +40,21 @@ def _top(tok: Tokenizer, token_id: int, logprob: float) -> TopLogprob:
 
 
 def completion_logprobs(
-    tok: Tokenizer, logprobs: list[TokenLogprob], offset: int, echo_ids: list[int] | None = None
+    tok: Tokenizer,
+    logprobs: list[TokenLogprob],
+    offset: int,
+    echo_ids: list[int] | None = None,
+    echo_logprobs: list[TokenLogprob] | None = None,
 ) -> CompletionLogprobs:
     """Legacy format; `offset` is where the first token starts in the choice's text. Echoed prompt
-    tokens come first, with no logprobs (pellucid does not score the prompt)."""
+    tokens come first: scored where `echo_logprobs` holds their logprobs (one per token after the
+    first, whose logprob is null: nothing comes before it), else all null."""
     out = CompletionLogprobs()
-    for token_id in echo_ids or []:
-        offset = _append(out, tok.id_to_piece(token_id), offset, None, None)
+    scored = [None, *echo_logprobs] if echo_logprobs is not None else [None] * len(echo_ids or [])
+    for token_id, lp in zip(echo_ids or [], scored, strict=True):
+        logprob = None if lp is None else _finite(lp.logprob)
+        top = None if lp is None else {tok.id_to_piece(i): _finite(p) for i, p in lp.top}
+        offset = _append(out, tok.id_to_piece(token_id), offset, logprob, top)
     for lp in logprobs:
         top = {tok.id_to_piece(i): _finite(p) for i, p in lp.top}
         offset = _append(out, tok.id_to_piece(lp.token_id), offset, _finite(lp.logprob), top)

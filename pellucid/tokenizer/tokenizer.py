@@ -127,6 +127,17 @@ class Tokenizer:
             messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
         )
 
+    def config(self) -> dict[str, Any]:
+        """tokenizer_config.json's keys: the special tokens' text, whether BOS/EOS are added,
+        the chat template (where the model has one)."""
+        return {
+            "bos_token": self._token_text(self.bos_id),
+            "eos_token": self._token_text(self.eos_id),
+            "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
+            **({"chat_template": self.chat_template} if self.chat_template is not None else {}),
+        }
+
     def save_hf_folder(self, folder: Path) -> None:
         """Write tokenizer.json and tokenizer_config.json (read by `from_hf_folder`, transformers),
         and the ids that end generation as generation_config.json's eos_token_id (its other
@@ -134,15 +145,8 @@ class Tokenizer:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.hf.save(str(folder / "tokenizer.json"))
-        config = {
-            "bos_token": self._token_text(self.bos_id),
-            "eos_token": self._token_text(self.eos_id),
-            "add_bos_token": self.add_bos,
-            "add_eos_token": self.add_eos,
-            **({"chat_template": self.chat_template} if self.chat_template is not None else {}),
-        }
         (folder / "tokenizer_config.json").write_text(
-            json.dumps(config, indent=2, ensure_ascii=False)
+            json.dumps(self.config(), indent=2, ensure_ascii=False)
         )
         generation = folder / "generation_config.json"
         kept = json.loads(generation.read_text()) if generation.is_file() else {}
