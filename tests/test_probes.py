@@ -344,3 +344,22 @@ def test_the_server_refuses_bad_interventions_and_goes_on(client):
             _ask(client, ivs)
         assert error.value.status_code == 400
     assert _ask(client)  # still serving
+
+
+def test_one_positions_view_read_over_the_prefix_cache_is_the_full_passes(tiny):
+    """inspect_position computes only the last position, its context from the prefix cache:
+    33 tokens leave one to compute after two cached blocks (a decode row), 40 leave a chunk."""
+    from pellucid.probing import inspect_position
+
+    for n in (33, 40):
+        ids = tiny.encode(PROMPT * 2)[:n]
+        tiny.generate(ids, SamplingParams(temperature=0, max_tokens=1))  # its blocks, cached
+        hits = tiny.engine.block_manager.hits
+        view = inspect_position(tiny, ids, n - 1)
+        assert tiny.engine.block_manager.hits - hits == 32  # two blocks of 16 read, not computed
+        _, cache = tiny.run_with_cache(ids, [hook_name("pattern", 1)])
+        want = cache[hook_name("pattern", 1)][:, -1]
+        assert torch.allclose(torch.tensor(view["attention"][1]["heads"]), want, atol=1e-5)
+        logits = tiny.logits(ids)[-1].softmax(-1)
+        assert view["lens"][-1]["top"][0]["id"] == int(logits.argmax())
+        assert view["lens"][-1]["top"][0]["prob"] == pytest.approx(float(logits.max()), abs=1e-4)
