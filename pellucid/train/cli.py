@@ -10,6 +10,7 @@ pellucid export runs/baby --out models/baby && pellucid generate "ROMEO:" --mode
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -19,7 +20,8 @@ from pellucid.cpu import matmul_float
 
 
 def add_training_commands(commands: Any) -> None:
-    """Add `data`, `tokenizer`, `train`, `scale`, `sft` and `export` to the `pellucid` sub-command parser."""
+    """Add `data`, `tokenizer`, `train`, `scale`, `sft`, `eval` and `export` to the `pellucid`
+    sub-command parser."""
     data = commands.add_parser("data", help="prepare token shards for training")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prep = data_commands.add_parser(
@@ -79,10 +81,67 @@ def add_training_commands(commands: Any) -> None:
     sft.add_argument("--dtype", default=matmul_float(), choices=["bfloat16", "float32"])
     sft.set_defaults(run=run_sft)
 
+    ev = commands.add_parser(
+        "eval", help="bits per byte on held-out text, accuracy on multiple-choice JSONL tasks"
+    )
+    ev.add_argument("--model", default=None, help="a catalog name, a folder or a .gguf file")
+    ev.add_argument("--dtype", default="int4", help="int4 (the default path) or float32")
+    ev.add_argument(
+        "--bpb",
+        nargs="*",
+        default=None,
+        metavar="SOURCE",
+        help="corpora (shakespeare, kjv) or text files (default: shakespeare and kjv)",
+    )
+    ev.add_argument(
+        "--task",
+        nargs="*",
+        default=[],
+        metavar="JSONL",
+        help="multiple-choice files: question, choices, answer a line",
+    )
+    ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
+    ev.add_argument("--json", type=Path, help="write the results here")
+    ev.set_defaults(run=run_eval)
+
     export = commands.add_parser("export", help="training run -> HF model folder or .gguf file")
     export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
     export.add_argument("--out", required=True, type=Path)
     export.set_defaults(run=run_export)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pellucid.llm import LLM
+    from pellucid.train.evaluate import bits_per_byte, multiple_choice, read_task, report
+
+    for task in args.task:  # a malformed file fails before the model loads
+        read_task(Path(task))
+    llm = LLM(args.model, dtype=args.dtype)
+    sources = ["shakespeare", "kjv"] if args.bpb is None else args.bpb
+    results = [bits_per_byte(llm, s, args.max_bytes) for s in sources]
+    results += [multiple_choice(llm, t) for t in args.task]
+    table = Table(title=f"pellucid eval: {llm.path.name} ({args.dtype})")
+    for column in ("what", "on", "score", "over"):
+        table.add_column(column)
+    for r in results:
+        if hasattr(r, "bits_per_byte"):
+            table.add_row("bits per byte", r.source, f"{r.bits_per_byte:.4f}", f"{r.bytes:,} bytes")
+        else:
+            table.add_row(
+                "acc / acc_norm",
+                r.task,
+                f"{r.acc:.3f} / {r.acc_norm:.3f}",
+                f"{r.questions} questions",
+            )
+    Console().print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report(results), indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,147 @@
+"""`pellucid eval`: how good a model is, measured on the same scale for any model pellucid loads.
+
+- bits per byte on held-out text: -log2 p of each token, summed, over the UTF-8 bytes those
+  tokens stand for; comparable across tokenizers (a model with a larger vocabulary takes fewer,
+  harder tokens for the same bytes). The text is a named corpus's last tenth (the part
+  `pellucid data prepare` keeps for validation) or a file, read in windows of the context.
+- multiple choice from JSONL (`{"question": ..., "choices": [...], "answer": index}` a line): each
+  choice scored by its log-likelihood after the question (`acc`) and per byte of the choice
+  (`acc_norm`, lm-evaluation-harness's length normalization).
+
+Every pass is a scoring request through the engine (`LLM.prompt_logprobs`), many at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pellucid.errors import PellucidError
+from pellucid.llm import LLM
+from pellucid.train.corpora import corpus_text
+
+HELD_OUT = 0.1  # the tail of a corpus `data prepare` keeps for validation
+BATCH = 32  # scoring requests submitted together
+
+
+class EvalError(PellucidError):
+    """A task file or corpus that cannot be read; the message names it and what to do."""
+
+
+@dataclass
+class BitsPerByte:
+    source: str
+    bits_per_byte: float
+    tokens: int  # scored (each window's first token has nothing before it)
+    bytes: int  # what the scored tokens stand for
+
+
+@dataclass
+class MultipleChoice:
+    task: str
+    questions: int
+    acc: float
+    acc_norm: float
+
+
+def bits_per_byte(
+    llm: LLM, source: str, max_bytes: int = 100_000, window: int = 1024
+) -> BitsPerByte:
+    """On held-out text (`source`: a corpus name or a text file), up to `max_bytes` of it, in
+    windows of `window` tokens (fewer if the context is shorter), each scored on its own."""
+    text = held_out_text(source)[:max_bytes]
+    ids = llm.tokenizer.encode(text, add_special=False, parse_special=False)
+    window = min(window, llm.engine.max_model_len - 1)  # a scoring request generates one token
+    windows = [ids[at : at + window] for at in range(0, len(ids), window)]
+    windows = [w for w in windows if len(w) > 1]
+    bits, n_bytes, n_tokens = 0.0, 0, 0
+    for at in range(0, len(windows), BATCH):
+        for rows in llm.prompt_logprobs(windows[at : at + BATCH]):
+            bits -= sum(r.logprob for r in rows) / math.log(2)
+            n_bytes += sum(len(llm.tokenizer.id_to_bytes(r.token_id)) for r in rows)
+            n_tokens += len(rows)
+    if n_bytes == 0:
+        raise EvalError(f"{source}: no text to score (it is empty or one token long)")
+    return BitsPerByte(source, bits / n_bytes, n_tokens, n_bytes)
+
+
+def held_out_text(source: str) -> str:
+    """A named corpus's last tenth, cut at a line, or a text file whole."""
+    text = corpus_text(source)
+    if text is not None:
+        start = text.find("\n", int(len(text) * (1 - HELD_OUT))) + 1
+        return text[start:]
+    path = Path(source)
+    if not path.is_file():
+        raise EvalError(
+            f"{source}: neither a corpus (shakespeare, shakespeare-plays, kjv) nor a text file"
+        )
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
+    """Accuracy on a JSONL task: the choice with the highest log-likelihood after the question
+    (`acc`), and with the highest per byte (`acc_norm`)."""
+    docs = read_task(Path(path))
+    tok = llm.tokenizer
+    sequences, spans = [], []  # spans: (question's tokens, choice's bytes) per sequence
+    for doc in docs:
+        question = tok.encode(doc["question"], add_special=True, parse_special=False)
+        for choice in doc["choices"]:
+            cont = tok.encode(choice, add_special=False, parse_special=False)
+            sequences.append(question + cont)
+            spans.append((len(question), len(choice.encode())))
+    scores = []
+    for at in range(0, len(sequences), BATCH):
+        for rows, (n_question, _) in zip(
+            llm.prompt_logprobs(sequences[at : at + BATCH]), spans[at : at + BATCH]
+        ):
+            scores.append(sum(r.logprob for r in rows[n_question - 1 :]))
+    acc = acc_norm = 0
+    at = 0
+    for doc in docs:
+        n = len(doc["choices"])
+        mine, sizes = scores[at : at + n], [size for _, size in spans[at : at + n]]
+        acc += max(range(n), key=mine.__getitem__) == doc["answer"]
+        acc_norm += max(range(n), key=lambda i: mine[i] / max(sizes[i], 1)) == doc["answer"]
+        at += n
+    return MultipleChoice(Path(path).stem, len(docs), acc / len(docs), acc_norm / len(docs))
+
+
+def read_task(path: Path) -> list[dict]:
+    """The task's questions; EvalError naming the file and line of anything malformed."""
+    if not path.is_file():
+        raise EvalError(f"{path}: no such task file (JSONL: question, choices, answer a line)")
+    docs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{n}: not JSON ({e.msg})") from None
+        ok = (
+            isinstance(doc, dict)
+            and isinstance(doc.get("question"), str)
+            and isinstance(doc.get("choices"), list)
+            and len(doc["choices"]) >= 2
+            and all(isinstance(c, str) and c for c in doc["choices"])
+            and isinstance(doc.get("answer"), int)
+            and 0 <= doc["answer"] < len(doc["choices"])
+        )
+        if not ok:
+            raise EvalError(
+                f'{path}:{n}: expected {{"question": str, "choices": [2+ non-empty str], '
+                '"answer": index of the right choice}'
+            )
+        docs.append(doc)
+    if not docs:
+        raise EvalError(f"{path}: no questions in it")
+    return docs
+
+
+def report(results: list[BitsPerByte | MultipleChoice]) -> dict:
+    """JSON-ready results."""
+    return {"results": [{"kind": type(r).__name__, **asdict(r)} for r in results]}

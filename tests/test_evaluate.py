@@ -1,0 +1,74 @@
+"""`pellucid eval`: bits per byte and multiple-choice accuracy, against the same numbers worked
+out from the model's full-forward logits; malformed task files refused by file and line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pellucid.train.evaluate import EvalError, bits_per_byte, multiple_choice, read_task
+
+TEXT = "It was the best of times, it was the worst of times.\n" * 12
+
+
+def test_bits_per_byte_is_the_logits_over_the_bytes(tiny, tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    got = bits_per_byte(tiny, str(path), window=100)
+    ids = tiny.tokenizer.encode(TEXT, add_special=False, parse_special=False)
+    bits = n_bytes = 0
+    for at in range(0, len(ids), 100):  # the same windows, each from a full forward
+        window = ids[at : at + 100]
+        logprobs = tiny.logits(window).log_softmax(-1)
+        bits -= sum(float(logprobs[i, window[i + 1]]) for i in range(len(window) - 1))
+        n_bytes += sum(len(tiny.tokenizer.id_to_bytes(t)) for t in window[1:])
+    assert got.bytes == n_bytes and got.tokens == len(ids) - math.ceil(len(ids) / 100)
+    assert got.bits_per_byte == pytest.approx(bits / math.log(2) / n_bytes, rel=1e-4)
+
+
+def test_multiple_choice_picks_the_likeliest_choice(tiny, tmp_path):
+    docs = [
+        {"question": "abc", "choices": ["d", "zz", "q"], "answer": 0},
+        {"question": "hello", "choices": [" world", "!!"], "answer": 1},
+    ]
+    path = tmp_path / "task.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    got = multiple_choice(tiny, path)
+    right = right_norm = 0
+    for d in docs:
+        q = tiny.tokenizer.encode(d["question"], add_special=True, parse_special=False)
+        scores = []
+        for c in d["choices"]:
+            ids = q + tiny.tokenizer.encode(c, add_special=False, parse_special=False)
+            logprobs = tiny.logits(ids).log_softmax(-1)
+            scores.append(sum(float(logprobs[i - 1, ids[i]]) for i in range(len(q), len(ids))))
+        right += max(range(len(scores)), key=scores.__getitem__) == d["answer"]
+        per_byte = [s / len(c.encode()) for s, c in zip(scores, d["choices"])]
+        right_norm += max(range(len(scores)), key=per_byte.__getitem__) == d["answer"]
+    assert (got.questions, got.acc, got.acc_norm) == (2, right / 2, right_norm / 2)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '{"question": "q", "choices": ["a", "b"], "answer": 0}\nnot json\n',
+            r"task.jsonl:2: not JSON",
+        ),
+        ('{"question": "q", "choices": ["a"], "answer": 0}\n', r"task.jsonl:1: expected"),
+        ('{"question": "q", "choices": ["a", "b"], "answer": 2}\n', r"task.jsonl:1: expected"),
+        ("\n", "no questions in it"),
+    ],
+)
+def test_malformed_task_files_are_refused_by_file_and_line(tmp_path, content, message):
+    path = tmp_path / "task.jsonl"
+    path.write_text(content)
+    with pytest.raises(EvalError, match=message):
+        read_task(path)
+
+
+def test_an_unknown_source_says_what_it_takes(tiny):
+    with pytest.raises(EvalError, match="neither a corpus"):
+        bits_per_byte(tiny, "no-such-corpus")
