@@ -72,3 +72,20 @@ def test_malformed_task_files_are_refused_by_file_and_line(tmp_path, content, me
 def test_an_unknown_source_says_what_it_takes(tiny):
     with pytest.raises(EvalError, match="neither a corpus"):
         bits_per_byte(tiny, "no-such-corpus")
+
+
+def test_the_eval_command_writes_its_table_and_json(tiny_path, tmp_path, capsys):
+    from pellucid.cli import main
+
+    text, task = tmp_path / "text.txt", tmp_path / "facts.jsonl"
+    text.write_text(TEXT)
+    task.write_text('{"question": "abc", "choices": ["d", "e"], "answer": 0}\n')
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(tiny_path), "--dtype", "float32", "--bpb", str(text)]
+    assert main([*argv, "--task", str(task), "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["kind"] for r in results] == ["BitsPerByte", "MultipleChoice"]
+    assert results[0]["bits_per_byte"] > 0 and results[1]["questions"] == 1
+    assert "bits per byte" in capsys.readouterr().out
+    assert main([*argv, "--task", str(tmp_path / "missing.jsonl")]) == 1  # one line, no traceback
+    assert "missing.jsonl: no such task file" in capsys.readouterr().err
