@@ -1,6 +1,6 @@
 """Interventions worked out from the model's own activations, and activation patching.
 
-    from pellucid.probing import activation_patching, mean_ablation, steering_vector
+    from pellucid.probing import activation_patching, steer, steering_vector
     v = steering_vector(llm, "I love this, it makes me happy", "I hate this, it makes me angry", 6)
     llm.generate(prompt, SamplingParams(interventions=[steer(6, v, scale=2)]))
     p = activation_patching(llm, "The capital of France is", "The capital of Italy is")
