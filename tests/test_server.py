@@ -384,7 +384,14 @@ def test_full_queue_is_429_with_retry_after(server: Running, client: openai.Open
         assert metric(server, "num_requests_in_flight") == 1
         with pytest.raises(openai.RateLimitError):
             client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1)
-    assert metric(server, "request_rejected", 'reason="queue_full"') == before + 2
+        # the explorer's passes go through the engine too: refused alike
+        for path, explore in (
+            ("inspect", {"tokens": [1, 2], "position": 1}),
+            ("patching", {"clean": "a b", "corrupted": "a c"}),
+        ):
+            response = httpx.post(f"{server.url}/v1/{path}", json=explore, headers=headers)
+            assert response.status_code == 429, path
+    assert metric(server, "request_rejected", 'reason="queue_full"') == before + 4
     assert client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1).choices
 
 

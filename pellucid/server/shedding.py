@@ -13,7 +13,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pellucid.server.errors import APIError
 from pellucid.server.state import ServerState
 
-GENERATING = {"/v1/chat/completions", "/v1/completions"}
+# the routes that put work on the engine (the explorer's run passes through it too)
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/inspect", "/v1/patching"}
 
 
 class LoadShedding:
