@@ -89,3 +89,21 @@ def test_the_eval_command_writes_its_table_and_json(tiny_path, tmp_path, capsys)
     assert "bits per byte" in capsys.readouterr().out
     assert main([*argv, "--task", str(tmp_path / "missing.jsonl")]) == 1  # one line, no traceback
     assert "missing.jsonl: no such task file" in capsys.readouterr().err
+
+
+def test_bigbench_examples_become_questions_with_the_tasks_prefixes():
+    from pellucid.train.bigbench import to_questions
+
+    task = {  # the shape of bigbench/benchmark_tasks/*/task.json
+        "name": "t",
+        "example_output_prefix": "\nAnswer: ",
+        "examples": [
+            {"input": "Is fire cold?", "target_scores": {"Yes": 0, "No": 1}},
+            {"input": "Write a poem.", "target": "roses"},  # generation: left out
+        ],
+    }
+    assert to_questions(task) == [
+        {"question": "Q: Is fire cold?\nAnswer:", "choices": [" Yes", " No"], "answer": 1}
+    ]
+    with pytest.raises(ValueError, match="no multiple-choice examples"):
+        to_questions({"name": "g", "examples": [{"input": "x", "target": "y"}]})

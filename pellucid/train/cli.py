@@ -98,7 +98,7 @@ def add_training_commands(commands: Any) -> None:
         nargs="*",
         default=[],
         metavar="JSONL",
-        help="multiple-choice files: question, choices, answer a line",
+        help="multiple-choice files (question, choices, answer a line), or bigbench:NAME",
     )
     ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
     ev.add_argument("--json", type=Path, help="write the results here")
@@ -115,10 +115,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from pellucid.llm import LLM
-    from pellucid.train.evaluate import bits_per_byte, multiple_choice, read_task, report
+    from pellucid.train.evaluate import bits_per_byte, multiple_choice, read_task, report, task_path
 
     for task in args.task:  # a malformed file fails before the model loads
-        read_task(Path(task))
+        read_task(task_path(task))
     llm = LLM(args.model, dtype=args.dtype)
     sources = ["shakespeare", "kjv"] if args.bpb is None else args.bpb
     results = [bits_per_byte(llm, s, args.max_bytes) for s in sources]

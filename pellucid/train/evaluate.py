@@ -4,7 +4,8 @@
   tokens stand for; comparable across tokenizers (a model with a larger vocabulary takes fewer,
   harder tokens for the same bytes). The text is a named corpus's last tenth (the part
   `pellucid data prepare` keeps for validation) or a file, read in windows of the context.
-- multiple choice from JSONL (`{"question": ..., "choices": [...], "answer": index}` a line): each
+- multiple choice from JSONL (`{"question": ..., "choices": [...], "answer": index}` a line), or
+  a BIG-bench task from its package (`bigbench:NAME`, bigbench.py): each
   choice scored by its log-likelihood after the question (`acc`) and per byte of the choice
   (`acc_norm`, lm-evaluation-harness's length normalization).
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from pellucid.errors import PellucidError
 from pellucid.llm import LLM
+from pellucid.train import bigbench
 from pellucid.train.corpora import corpus_text
 
 HELD_OUT = 0.1  # the tail of a corpus `data prepare` keeps for validation
@@ -81,10 +83,23 @@ def held_out_text(source: str) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def task_path(spec: str | Path) -> Path:
+    """A task file, or `bigbench:NAME`: that BIG-bench task's multiple-choice examples."""
+    spec = str(spec)
+    if spec.startswith(bigbench.PREFIX):
+        try:
+            return bigbench.task_file(spec.removeprefix(bigbench.PREFIX))
+        except ValueError as e:
+            raise EvalError(str(e)) from None
+    return Path(spec)
+
+
 def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
-    """Accuracy on a JSONL task: the choice with the highest log-likelihood after the question
-    (`acc`), and with the highest per byte (`acc_norm`)."""
-    docs = read_task(Path(path))
+    """Accuracy on a JSONL task (or `bigbench:NAME`): the choice with the highest log-likelihood
+    after the question (`acc`), and with the highest per byte (`acc_norm`)."""
+    name = str(path)
+    path = task_path(path)
+    docs = read_task(path)
     tok = llm.tokenizer
     sequences, spans = [], []  # spans: (question's tokens, choice's bytes) per sequence
     for doc in docs:
@@ -107,7 +122,8 @@ def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
         acc += max(range(n), key=mine.__getitem__) == doc["answer"]
         acc_norm += max(range(n), key=lambda i: mine[i] / max(sizes[i], 1)) == doc["answer"]
         at += n
-    return MultipleChoice(Path(path).stem, len(docs), acc / len(docs), acc_norm / len(docs))
+    task = name if name.startswith(bigbench.PREFIX) else path.stem
+    return MultipleChoice(task, len(docs), acc / len(docs), acc_norm / len(docs))
 
 
 def read_task(path: Path) -> list[dict]:
