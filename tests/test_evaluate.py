@@ -107,3 +107,11 @@ def test_bigbench_examples_become_questions_with_the_tasks_prefixes():
     ]
     with pytest.raises(ValueError, match="no multiple-choice examples"):
         to_questions({"name": "g", "examples": [{"input": "x", "target": "y"}]})
+
+
+@pytest.mark.parametrize("name", ["", "../../etc/passwd", "a//b", "./x"])
+def test_a_bigbench_name_outside_its_tasks_is_refused_before_any_fetch(name):
+    from pellucid.train.bigbench import task_file
+
+    with pytest.raises(ValueError, match="not a task name"):
+        task_file(name)

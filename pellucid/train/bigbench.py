@@ -24,8 +24,12 @@ PREFIX = "bigbench:"
 
 
 def task_file(name: str) -> Path:
-    """The JSONL of BIG-bench task `name` (its multiple-choice examples), made on first use."""
-    out = cache_root() / "bigbench" / f"{name}.jsonl"
+    """The JSONL of BIG-bench task `name` (its multiple-choice examples), made on first use.
+    A subtask is named by its folder too: `abstract_narrative_understanding/4_distractors`."""
+    parts = name.split("/")
+    if not name or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"bigbench:{name}: not a task name (a folder of benchmark_tasks)")
+    out = cache_root() / "bigbench" / f"{'__'.join(parts)}.jsonl"
     if out.is_file():
         return out
     with atomic_path(out) as tmp:
