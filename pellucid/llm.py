@@ -233,7 +233,8 @@ class LLM:
         wanted = self._hook_names(names)
         results = []
         with torch.inference_mode():
-            for cache in self._captures(prompts, wanted - {LOGITS}, interventions, last_only):
+            ids = [self.encode(p) for p in prompts]
+            for cache in self._captures(ids, wanted - {LOGITS}, interventions, last_only):
                 logits = self.model.compute_logits(cache[FINAL_NORM].to(self.dtype))
                 cache[LOGITS] = logits
                 results.append((logits, {n: cache[n] for n in wanted}))
@@ -244,9 +245,10 @@ class LLM:
         its logprob given the tokens before it, and the `top_n` likeliest there (the first token
         has nothing before it: it is left out). What lm-evaluation-harness asks for."""
         out = []
+        encoded = [self.encode(p) for p in prompts]
         with torch.inference_mode():
-            for prompt, cache in zip(prompts, self._captures(prompts, set())):
-                ids = torch.tensor(self.encode(prompt)[1:])
+            for prompt_ids, cache in zip(encoded, self._captures(encoded, set())):
+                ids = torch.tensor(prompt_ids[1:])
                 predicting = cache[FINAL_NORM][: len(ids)]  # row i: what follows token i
                 rows: list[TokenLogprob] = []
                 for at in range(0, len(ids), SCORE_ROWS):  # (rows, vocab) a slice at a time
@@ -266,7 +268,7 @@ class LLM:
 
     def _captures(
         self,
-        prompts: list[Prompt],
+        prompts: list[list[int]],
         names: set[str],
         interventions: list[list[Intervention]] | None = None,
         last_only: bool = False,
@@ -275,8 +277,8 @@ class LLM:
         norm's output, which the LM head reads) for its prompt; the kept tensors, per prompt."""
         per_prompt = interventions or [[] for _ in prompts]
         requests = [
-            (self.encode(p), SamplingParams(max_tokens=1, temperature=0, interventions=list(ivs)))
-            for p, ivs in zip(prompts, per_prompt, strict=True)
+            (ids, SamplingParams(max_tokens=1, temperature=0, interventions=list(ivs)))
+            for ids, ivs in zip(prompts, per_prompt, strict=True)
         ]
         captures = [Capture(names | {FINAL_NORM}, last_only) for _ in requests]
         for _ in self._outputs(requests, captures):

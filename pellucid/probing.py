@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from pellucid.engine.probes import Intervention, ablate, hook_name, patch, steer
+from pellucid.engine.sampling_params import is_int, is_number, require
 from pellucid.llm import LLM, Prompt
 
 
@@ -155,11 +156,11 @@ def interventions_from_json(
 ) -> list[Intervention]:
     """The server's `interventions` field, read into Interventions (ValueError naming the
     entry and field otherwise); a mean ablation without `mean_over` averages over `prompt`."""
-    _require(isinstance(specs, list), "interventions must be a list of objects")
+    require(isinstance(specs, list), "interventions must be a list of objects")
     out = []
     for i, spec in enumerate(specs):
         where = f"interventions[{i}]"
-        _require(isinstance(spec, dict), f"{where} must be an object with a 'type'")
+        require(isinstance(spec, dict), f"{where} must be an object with a 'type'")
         kind = spec.get("type")
         read = _READERS.get(kind)
         if read is None:
@@ -184,7 +185,7 @@ class _Fields:
                 raise ValueError(f"{self.where}.{name} is required")
             return default
         value = self.spec[name]
-        _require(
+        require(
             not isinstance(value, bool) and isinstance(value, kind),
             f"{self.where}.{name} has the wrong type: {value!r}",
         )
@@ -192,13 +193,13 @@ class _Fields:
 
     def ints(self, name: str, default: Any = ...) -> list[int] | None:
         values = self.get(name, list, default)
-        if values is not None and not all(_is_int(v) for v in values):
+        if values is not None and not all(is_int(v) for v in values):
             raise ValueError(f"{self.where}.{name} must be a list of integers, got {values!r}")
         return values
 
     def vector(self, name: str) -> Tensor:
         values = self.get(name, list)
-        if not values or not all(_is_number(v) for v in values):
+        if not values or not all(is_number(v) for v in values):
             raise ValueError(f"{self.where}.{name} must be a non-empty list of numbers")
         return torch.tensor(values, dtype=torch.float32)
 
@@ -254,19 +255,6 @@ def _checked(llm: LLM, iv: Intervention, f: _Fields) -> Intervention:
     """Its layer, heads and positions checked before a pass that reads them."""
     iv.check(llm.model.cfg, llm.engine.max_model_len, f.where)
     return iv
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: object) -> bool:
-    return _is_int(x) or isinstance(x, float)
 
 
 _READERS = {"ablate": _read_ablate, "steer": _read_steer, "patch": _read_patch}

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai
 import torch
 import torch.nn.functional as F
 import uvicorn
@@ -99,6 +100,11 @@ class Running:
     @property
     def state(self):
         return self.app.state.pellucid
+
+
+def client_of(running: Running) -> openai.OpenAI:
+    """An OpenAI client of a test server: the tests' key, no retries (a failure shows at once)."""
+    return openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 @contextlib.contextmanager

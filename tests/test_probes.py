@@ -8,11 +8,12 @@ passes must match; patching is checked on a real model against what is known of 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import openai
 import pytest
 import torch
-from helpers import KEY, MODEL, serving
+from helpers import KEY, MODEL, client_of, serving
 from torch import Tensor, nn
 
 from pellucid import LLM, SamplingParams
@@ -179,13 +180,7 @@ def test_batch_mates_of_an_intervened_request_are_untouched(chunked):
     first one's tokens and log-probabilities are the same bits (the random tiny model repeats
     one token, so its logprobs tell more)."""
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
-    ablated = SamplingParams(
-        temperature=0,
-        max_tokens=12,
-        ignore_eos=True,
-        logprobs=3,
-        interventions=[ablate(0, [0, 1, 2, 3])],
-    )
+    ablated = replace(params, interventions=[ablate(0, [0, 1, 2, 3])])
     plain, _ = chunked.generate([PROMPT, PROMPT], [params, params])
     with_mate, mate = chunked.generate([PROMPT, PROMPT], [params, ablated])
     assert with_mate.token_ids == plain.token_ids and with_mate.logprobs == plain.logprobs
@@ -198,13 +193,7 @@ def test_the_prefix_cache_keeps_kv_of_different_interventions_apart(tiny):
     engine = tiny.engine
     long = PROMPT * 3  # several full blocks to share
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
-    ablated = SamplingParams(
-        temperature=0,
-        max_tokens=8,
-        ignore_eos=True,
-        logprobs=2,
-        interventions=[ablate(1, [0, 1, 2, 3])],
-    )
+    ablated = replace(params, interventions=[ablate(1, [0, 1, 2, 3])])
 
     def run(p: SamplingParams) -> tuple[Tensor, int]:
         hits = engine.block_manager.hits
@@ -278,9 +267,7 @@ def test_intervening_changes_the_answer_and_removing_it_restores_it(smollm2):
         smollm2, "I love this, it makes me happy", "I hate this, it makes me angry", 6
     )
     for iv in (ablate(3, heads), steer(6, vector, 4.0)):
-        changed = smollm2.generate(
-            prompt, SamplingParams(temperature=0, max_tokens=24, interventions=[iv])
-        )
+        changed = smollm2.generate(prompt, replace(params, interventions=[iv]))
         assert changed[0].token_ids != plain, iv.kind
         assert smollm2.generate(prompt, params)[0].token_ids == plain, iv.kind
 
@@ -300,7 +287,7 @@ def test_patching_finds_where_the_country_is_carried(smollm2):
 @pytest.fixture(scope="module")
 def client(smollm2: LLM) -> Iterator[openai.OpenAI]:
     with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield openai.OpenAI(base_url=running.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+        yield client_of(running)
 
 
 def _ask(client: openai.OpenAI, interventions: list | None = None, stream: bool = False) -> str:

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 import torch
-from helpers import KEY, MODEL, Running, serving
+from helpers import KEY, MODEL, Running, client_of, serving
 
 from pellucid import LLM
 from pellucid.config import EngineConfig
@@ -48,7 +48,7 @@ def server(smollm2: LLM) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def client(server: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    return client_of(server)
 
 
 def test_echo_with_max_tokens_0_scores_each_prompt(client, smollm2):

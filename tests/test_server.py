@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 import schemathesis
-from helpers import KEY, MODEL, Running, serving
+from helpers import KEY, MODEL, Running, client_of, serving
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
@@ -44,7 +44,7 @@ def server(smollm2: LLM) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def client(server: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    return client_of(server)
 
 
 def alone(server: Running, llm: LLM, messages: list[dict], max_tokens: int) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import jsonschema
 import openai
 import pytest
-from helpers import KEY, MODEL, Running, serving
+from helpers import KEY, MODEL, Running, client_of, serving
 
 from pellucid import LLM, SamplingParams
 from pellucid.server import create_app
@@ -54,7 +54,7 @@ def server(smollm2: LLM) -> Iterator[Running]:
 
 @pytest.fixture(scope="module")
 def client(server: Running) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
+    return client_of(server)
 
 
 def _check_call(call, tool: dict) -> dict:

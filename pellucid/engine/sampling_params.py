@@ -14,9 +14,10 @@ from pellucid.engine.probes import Intervention
 class TraceOptions:
     """What a traced request records beyond tokens, timings, sampling stages and KV use.
 
-    Attention and the logit lens cost extra work in the steps this request shares with others
-    (explicit attention probabilities at the chosen layers; one LM-head pass per layer), so they
-    are asked for separately.
+    The request's steps run as an untraced one's would. Attention and the logit lens need the
+    inside of the forward pass: they come from one more pass over its positions once it is done
+    (explicit attention probabilities at the chosen layers, each layer's hidden state; an LM-head
+    pass per layer when read), so they are asked for separately.
     """
 
     top_k: int = 5  # alternatives kept after each sampling stage
@@ -26,30 +27,30 @@ class TraceOptions:
     lens_top_k: int = 3
 
     def __post_init__(self) -> None:
-        _require(
-            _is_int(self.top_k) and self.top_k >= 1,
+        require(
+            is_int(self.top_k) and self.top_k >= 1,
             f"trace top_k must be an integer >= 1, got {self.top_k!r}",
         )
-        _require(
-            _is_int(self.lens_top_k) and self.lens_top_k >= 1,
+        require(
+            is_int(self.lens_top_k) and self.lens_top_k >= 1,
             f"trace lens_top_k must be an integer >= 1, got {self.lens_top_k!r}",
         )
         for name in ("attention_layers", "attention_heads"):
             values = getattr(self, name)
-            _require(
-                values is None or all(_is_int(v) and v >= 0 for v in values),
+            require(
+                values is None or all(is_int(v) and v >= 0 for v in values),
                 f"trace {name} must be a list of integers >= 0, got {values!r}",
             )
 
     def check(self, n_layers: int, n_heads: int) -> None:
         """Raise ValueError if a layer or head asked for does not exist in the model."""
         bad = [layer for layer in self.attention_layers if layer >= n_layers]
-        _require(
+        require(
             not bad,
             f"trace attention_layers {bad} do not exist: the model has layers 0..{n_layers - 1}",
         )
         bad = [h for h in self.attention_heads or [] if h >= n_heads]
-        _require(
+        require(
             not bad,
             f"trace attention_heads {bad} do not exist: the model has heads 0..{n_heads - 1}",
         )
@@ -110,69 +111,69 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        _require(
-            _is_int(self.max_tokens) and self.max_tokens >= 1,
+        require(
+            is_int(self.max_tokens) and self.max_tokens >= 1,
             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
         )
-        _require(
-            _is_number(self.temperature) and self.temperature >= 0,
+        require(
+            is_number(self.temperature) and self.temperature >= 0,
             f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}",
         )
-        _require(
+        require(
             self.redraw_temperature is None
-            or (_is_number(self.redraw_temperature) and self.redraw_temperature >= 0),
+            or (is_number(self.redraw_temperature) and self.redraw_temperature >= 0),
             f"redraw_temperature must be None or >= 0, got {self.redraw_temperature!r}",
         )
-        _require(
-            _is_number(self.top_p) and 0 < self.top_p <= 1,
+        require(
+            is_number(self.top_p) and 0 < self.top_p <= 1,
             f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}",
         )
-        _require(
-            _is_int(self.top_k) and self.top_k >= -1,
+        require(
+            is_int(self.top_k) and self.top_k >= -1,
             f"top_k must be an integer >= 1, or 0 / -1 for off, got {self.top_k!r}",
         )
-        _require(
-            _is_number(self.min_p) and 0 <= self.min_p <= 1,
+        require(
+            is_number(self.min_p) and 0 <= self.min_p <= 1,
             f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}",
         )
-        _require(
-            _is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+        require(
+            is_number(self.repetition_penalty) and self.repetition_penalty > 0,
             f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty!r}",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            _require(
-                _is_number(value) and -2 <= value <= 2,
+            require(
+                is_number(value) and -2 <= value <= 2,
                 f"{name} must be in [-2, 2] (0 = off), got {value!r}",
             )
         self._check_lists_and_options()
 
     def _check_lists_and_options(self) -> None:
-        _require(
-            self.seed is None or _is_int(self.seed),
+        require(
+            self.seed is None or is_int(self.seed),
             f"seed must be an integer or None, got {self.seed!r}",
         )
-        _require(
+        require(
             all(isinstance(s, str) and s for s in self.stop),
             f"stop must be a string or a list of non-empty strings, got {self.stop!r}",
         )
-        _require(
-            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+        require(
+            all(is_int(t) and t >= 0 for t in self.stop_token_ids),
             f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}",
         )
-        _require(
-            self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
+        require(
+            self.logprobs is None or (is_int(self.logprobs) and self.logprobs >= 0),
             f"logprobs must be None or an integer >= 0, got {self.logprobs!r}",
         )
-        _require(
+        require(
             self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip()),
             f"grammar must be None or a non-empty grammar string, got {self.grammar!r}",
         )
-        _require(
-            _is_int(self.grammar_close_margin) and self.grammar_close_margin >= 0,
+        require(
+            is_int(self.grammar_close_margin) and self.grammar_close_margin >= 0,
             f"grammar_close_margin must be an integer >= 0, got {self.grammar_close_margin!r}",
         )
-        _require(
+        require(
             self.distinct_blocks is None
             or (
                 isinstance(self.distinct_blocks, (tuple, list))
@@ -182,17 +183,17 @@ class SamplingParams:
             "distinct_blocks must be None or two non-empty strings (open tag, close tag), "
             f"got {self.distinct_blocks!r}",
         )
-        _require(
+        require(
             self.speculative is None or isinstance(self.speculative, bool),
             f"speculative must be None, True or False, got {self.speculative!r}",
         )
-        _require(
+        require(
             isinstance(self.interventions, (list, tuple))
             and all(isinstance(iv, Intervention) for iv in self.interventions),
             "interventions must be a list of Interventions (pellucid.interventions: ablate, "
             f"steer, patch), got {self.interventions!r}",
         )
-        _require(
+        require(
             isinstance(self.trace, (bool, TraceOptions)),
             f"trace must be True, False or a TraceOptions, got {self.trace!r}",
         )
@@ -218,14 +219,15 @@ class SamplingParams:
         )
 
 
-def _require(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
+    """A request's check: a ValueError with `message`, which says what to give, unless `ok`."""
     if not ok:
         raise ValueError(message)
 
 
-def _is_int(x: object) -> bool:
+def is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)  # True is an int in Python; not here
 
 
-def _is_number(x: object) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)  # no NaN, no inf
+def is_number(x: object) -> bool:
+    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)  # no NaN, no inf
