@@ -4,10 +4,13 @@
    requests' tokens/s are compared, per second of wall time and of CPU time, in back-to-back pairs
    (median of the paired ratios), plus the share of the shared steps the recorder itself took (its
    own clock, immune to neighbours). The trace holds attention at every layer and the logit lens
-   in flight (`--basic`: tokens, stages, timings and KV only: what the explorer records, which
-   asks `/v1/inspect` for a token's attention and lens when one is clicked).
+   (`--basic`: tokens, stages, timings and KV only: what the explorer records, which asks
+   `/v1/inspect` for a token's attention and lens when one is clicked). Request 0 (traced or not)
+   asks half as many tokens as the others, so the pass that finds a trace's attention and lens
+   once its request is done runs while the others still decode: they pay for it.
 2. One request pre-fills a 512-token prompt alone, untraced and traced, in back-to-back pairs
-   (a new prompt each time: no prefix-cache hit): the traced pre-fill's time over the untraced.
+   (a new prompt each time: no prefix-cache hit): the traced pre-fill's time over the untraced,
+   and the same with the traced request's analysis pass added.
 3. One click in the explorer: `inspect_position` (attention rows at every layer and head, and the
    logit lens) of a token 512 positions in, after its text was generated (prefix cache warm).
 
@@ -59,6 +62,7 @@ class Run:
     cpu_tok_s: float  # ... per second of this process's CPU time (less hurt by busy neighbours)
     recording_s: float  # time the traced request's recorder spent inside the steps
     steps_s: float  # time of the steps the traced request was in
+    analysis_s: float  # its pass for attention and lens, once it was done
 
 
 def run_batch(
@@ -73,29 +77,31 @@ def run_batch(
         max_tokens=tokens,
         ignore_eos=True,
     )
-    traced = replace(plain, trace=trace)
-    seqs = [
-        llm.engine.add_request(p, traced if trace_one and i == 0 else plain)
-        for i, p in enumerate(prompts)
-    ]
+    first = replace(plain, max_tokens=tokens // 2, trace=trace if trace_one else False)
+    seqs = [llm.engine.add_request(p, first if i == 0 else plain) for i, p in enumerate(prompts)]
     wall, cpu = time.perf_counter(), time.process_time()
     while llm.engine.has_unfinished():
         llm.engine.step()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     done = sum(len(s.output_ids) for s in seqs[1:])
-    steps = seqs[0].trace.trace.steps if trace_one else []
+    t = seqs[0].trace.trace if trace_one else None
+    steps = t.steps if t is not None else []
     return Run(
         done / wall,
         done / cpu,
         sum(s.trace_seconds for s in steps),
         sum(s.seconds + s.trace_seconds for s in steps),
+        t.analysis_seconds if t is not None else 0.0,
     )
 
 
-def prefill_s(llm: LLM, ids: list[int], trace: bool | TraceOptions) -> float:
-    """Seconds the engine spent pre-filling `ids` (one request, alone)."""
-    params = SamplingParams(temperature=0, max_tokens=1, trace=trace)
-    return llm.generate(ids, params)[0].timings.prefill_s
+def prefill_s(llm: LLM, ids: list[int], trace: bool | TraceOptions) -> tuple[float, float]:
+    """Seconds the engine spent pre-filling `ids` (one request, alone), and in the analysis
+    pass of its trace."""
+    seq = llm.engine.add_request(ids, SamplingParams(temperature=0, max_tokens=1, trace=trace))
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    return seq.timings.prefill_s, seq.trace.trace.analysis_seconds if seq.trace else 0.0
 
 
 def prompt_of(llm: LLM, n: int, salt: int) -> list[int]:
@@ -104,16 +110,15 @@ def prompt_of(llm: LLM, n: int, salt: int) -> list[int]:
     return llm.encode(f"{salt}. {text}")[:n]
 
 
-def prefill_pairs(llm: LLM, trace: bool | TraceOptions, repeats: int) -> list[tuple[float, float]]:
+def prefill_pairs(
+    llm: LLM, trace: bool | TraceOptions, repeats: int
+) -> list[tuple[float, float, float]]:
+    """(untraced pre-fill, traced pre-fill, its analysis pass) seconds, `repeats` times."""
     prefill_s(llm, prompt_of(llm, 512, -1), trace)  # warm-up
     pairs = []
     for i in range(repeats):
-        pairs.append(
-            (
-                prefill_s(llm, prompt_of(llm, 512, 2 * i), False),
-                prefill_s(llm, prompt_of(llm, 512, 2 * i + 1), trace),
-            )
-        )
+        plain, _ = prefill_s(llm, prompt_of(llm, 512, 2 * i), False)
+        pairs.append((plain, *prefill_s(llm, prompt_of(llm, 512, 2 * i + 1), trace)))
     return pairs
 
 
@@ -158,7 +163,8 @@ def main() -> None:
             )
         )
     prefills = prefill_pairs(llm, trace, args.repeats)
-    prefill_ratio = statistics.median(t / p for p, t in prefills)
+    prefill_ratio = statistics.median(t / p for p, t, _ in prefills)
+    with_pass = statistics.median((t + a) / p for p, t, a in prefills)
     clicks = inspect_s(llm, args.repeats)
     wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
     cpu = 1 - statistics.median(t.cpu_tok_s / p.cpu_tok_s for p, t in pairs)
@@ -166,11 +172,13 @@ def main() -> None:
     print(
         f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
         f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
-        f"took {share:.2%} of the steps the traced request shared"
+        f"took {share:.2%} of the steps the traced request shared, its analysis pass "
+        f"{statistics.median(t.analysis_s for _, t in pairs) * 1000:.0f} ms (median)"
     )
     print(
         f"its own 512-token pre-fill traced / untraced: median {prefill_ratio:.2f}x "
-        f"({', '.join(f'{t / p:.2f}' for p, t in prefills)}); one explorer click (attention "
+        f"({', '.join(f'{t / p:.2f}' for p, t, _ in prefills)}); with its analysis pass: "
+        f"{with_pass:.2f}x; one explorer click (attention "
         f"and lens of position 511): median {statistics.median(clicks) * 1000:.0f} ms "
         f"(min {min(clicks) * 1000:.0f}, max {max(clicks) * 1000:.0f})"
     )
@@ -179,14 +187,17 @@ def main() -> None:
         {
             "model": args.model,
             "dtype": args.dtype,
-            "workload": f"{args.batch} requests x {args.tokens} sampled tokens, one traced "
-            f"({what})",
+            "workload": f"{args.batch} requests x {args.tokens} sampled tokens (request 0: "
+            f"{args.tokens // 2}), request 0 traced or not ({what})",
             "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
             "median_paired_cost_wall": round(wall, 4),
             "median_paired_cost_cpu": round(cpu, 4),
             "recording_share_of_steps": round(share, 5),
-            "prefill_512_pairs_s": [{"plain": p, "traced": t} for p, t in prefills],
+            "prefill_512_pairs_s": [
+                {"plain": p, "traced": t, "analysis": a} for p, t, a in prefills
+            ],
             "prefill_traced_over_plain_median": round(prefill_ratio, 3),
+            "prefill_and_analysis_over_plain_median": round(with_pass, 3),
             "inspect_position_511_s": summarize(clicks),
         },
     )

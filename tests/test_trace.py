@@ -154,6 +154,27 @@ def test_untraced_neighbours_are_unchanged(smollm2):
     assert all(s.batch_size == 3 for s in mixed[1].trace.trace.steps)
 
 
+def test_a_cached_prompt_is_traced_whole(smollm2):
+    """A prompt found in the prefix cache still gets attention rows for every position (the
+    pass after the answer computes them all), equal to a fresh trace's."""
+    text = "A river flows past the old mill, and the miller listens to it every night. " * 3
+    ids = smollm2.encode(text)
+    plain = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    traced = SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True, trace=TraceOptions(attention_layers=[5])
+    )
+    (fresh,) = run(smollm2, [text + " Once"], [traced])  # another prompt: nothing cached
+    smollm2.generate(ids, plain)  # fills the cache with this prompt's blocks
+    (seq,) = run(smollm2, [text], [traced])
+    t = seq.trace.trace
+    assert t.prefill.cached_tokens > 0
+    T = len(ids)
+    got = torch.tensor(t.attention_for(5).prompt)  # (heads, T, T)
+    want = torch.tensor(fresh.trace.trace.attention_for(5).prompt)[:, :T, :T]
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert (got.sum(-1) - 1).abs().max() < 1e-4  # every row a distribution
+
+
 def test_bad_trace_options_fail_when_the_request_is_added(smollm2):
     with pytest.raises(ValueError, match="attention_layers"):
         smollm2.engine.add_request(

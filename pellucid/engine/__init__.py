@@ -5,7 +5,7 @@ from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import EngineStats, RequestOutput, Timings, TokenLogprob
 from pellucid.engine.probes import Intervention
 from pellucid.engine.sampling_params import SamplingParams, TraceOptions
-from pellucid.engine.trace_recorder import Recorder, flops_per_token
+from pellucid.engine.trace_recorder import Recorder, model_info
 from pellucid.engine.trace_records import Trace
 
 __all__ = [
@@ -19,5 +19,5 @@ __all__ = [
     "TokenLogprob",
     "Trace",
     "TraceOptions",
-    "flops_per_token",
+    "model_info",
 ]

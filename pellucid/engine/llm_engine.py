@@ -171,6 +171,8 @@ class LLMEngine:
         """The sampled token joins its sequence; a finished sequence frees its blocks."""
         delta = seq.append(token_id)
         if seq.is_finished:
+            if seq.trace is not None:
+                self._analyse(seq)  # before its blocks go: they hold its K/V
             self._release(seq)
         elif seq.redraw_due:
             self.scheduler.requeue(seq)  # frees its blocks; it pre-fills again, from the cache
@@ -179,6 +181,20 @@ class LLMEngine:
         if seq.on_output is not None:
             seq.on_output(out)
         return out
+
+    def _analyse(self, seq: Sequence) -> None:
+        """A finished traced request's attention and logit lens, if its trace asks for them:
+        one pass over its positions (ModelRunner.analyse), timed on the trace."""
+        rec = seq.trace
+        assert rec is not None
+        layers, lens = rec.options.attention_layers, rec.options.logit_lens
+        if not layers and not lens:
+            return
+        start = time.perf_counter()
+        lens_from = len(seq.prompt_ids) - 1 if lens else None  # the first token's row
+        for first, attention, hidden in self.model_runner.analyse(seq, layers, lens_from):
+            rec.keep_pass(first, attention, hidden, lens_from)
+        rec.end_pass(time.perf_counter() - start)
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

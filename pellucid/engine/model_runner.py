@@ -12,6 +12,8 @@ The runner reads the sequences and changes none of them: what it sampled comes b
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,17 +26,15 @@ from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.probes import Probe
 from pellucid.engine.sampler import sample
-from pellucid.engine.scheduler import Batch
-from pellucid.engine.trace_hooks import (
-    after_forward,
-    before_forward,
-    keep_patterns,
-    pattern_layers,
-    traced_items,
-)
+from pellucid.engine.scheduler import Batch, ScheduledSeq
+from pellucid.engine.sequence import Sequence
+from pellucid.engine.trace_hooks import after_forward, keep_patterns, pattern_layers, traced_items
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense
+
+# Positions a trace's analysis pass takes at once: bounds the attention it holds at a time
+ANALYSIS_ROWS = 256
 
 
 @dataclass(slots=True)
@@ -75,15 +75,11 @@ class ModelRunner:
         start = time.perf_counter()
         ids, positions, ctx, last_rows, draft_rows = self.prepare(batch)
         traced = traced_items(batch)  # [] unless a request asked for a trace
-        if traced:
-            before_forward(ctx, traced)
         captured = traced_items(batch, lambda seq: seq.capture is not None)
         ctx.capture_attention.update(pattern_layers(captured))
-        # a trace that looks inside the forward (attention, the logit lens) needs the eager step,
-        # as do interventions and captures; one of tokens, sampling stages and timings reads
-        # only what the compiled step returns
-        inside = bool(ctx.capture_attention) or ctx.capture_hidden_rows is not None
-        inside = inside or ctx.probe is not None
+        # interventions and captures look inside the forward: the eager step. A trace reads
+        # only what the compiled step returns (its attention and lens come later: analyse)
+        inside = bool(ctx.capture_attention) or ctx.probe is not None
         flat = [r for rows in draft_rows for r in rows]
         logits = self.logits(ids, positions, ctx, last_rows + flat, whole_graph=not inside)
         token_ids: list[int] = []
@@ -100,9 +96,33 @@ class ModelRunner:
             ]
             drafts = _split_rows(after_drafts, draft_rows)
         if traced:
-            after_forward(ctx, traced, logits, token_ids)
+            after_forward(traced, logits, token_ids)
         keep_patterns(ctx, captured)
         return StepResult(token_ids, logprobs, time.perf_counter() - start, drafts)
+
+    @torch.inference_mode()
+    def analyse(
+        self, seq: Sequence, layers: list[int], lens_from: int | None
+    ) -> Iterator[tuple[int, dict[int, Tensor], Tensor | None]]:
+        """A pass over the positions `seq` has computed, a chunk at a time, that keeps the
+        attention probabilities at `layers` and each layer's hidden state from position
+        `lens_from` on (None: none): what a trace shows of a request once it is done, its steps
+        having run untouched. Per chunk: (its first position, layer -> probs (heads, q_len,
+        ctx), hidden (rows, layers, dim) or None). The chunk's K and V are put back as they
+        were: the cache keeps what the request's own steps wrote."""
+        n = seq.num_computed
+        for start in range(0, n, ANALYSIS_ROWS):
+            rows = min(ANALYSIS_ROWS, n - start)
+            item = ScheduledSeq(seq, rows, samples=False, start=start)
+            ids, positions, ctx, _, _ = self.prepare(Batch([item]))
+            ctx.capture_attention.update(layers)
+            if lens_from is not None and start + rows > lens_from:
+                ctx.capture_hidden_rows = torch.arange(max(lens_from - start, 0), rows)
+            with _kv_put_back(self.pool, ctx.slot_mapping):
+                self.model.hidden_states(ids[None], positions, ctx)
+            attention = {layer: ctx.attention[layer][0][0] for layer in layers}
+            hidden = torch.stack(ctx.layer_hidden, 1) if ctx.layer_hidden else None
+            yield start, attention, hidden
 
     def logits(
         self,
@@ -170,11 +190,13 @@ class ModelRunner:
         decode_lens: list[int] = []
         last_rows: list[int] = []
         draft_rows: list[list[int]] = []
-        probe = Probe()
+        probe: Probe | None = None  # made when a request of the step needs one
         for it in batch.items:
-            seq, start, row = it.seq, it.seq.num_computed, len(ids)
+            seq, row = it.seq, len(ids)
+            start = seq.num_computed if it.start is None else it.start
             end = start + it.n_tokens
             if seq.params.interventions or seq.capture is not None:
+                probe = probe or Probe()
                 probe.add(row, start, it.n_tokens, tuple(seq.params.interventions), seq.capture)
             ids += seq.token_ids[start : end - len(it.drafts)] + it.drafts
             positions += range(start, end)
@@ -196,9 +218,20 @@ class ModelRunner:
             torch.cat(slots),
             prefills,
             _decode_batch(decode_rows, decode_tables, decode_lens, bs),
-            probe=probe if probe.requests else None,
+            probe=probe,
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows, draft_rows
+
+
+@contextmanager
+def _kv_put_back(pool: KVCachePool, slots: Tensor) -> Iterator[None]:
+    """Whatever a pass writes to the pool's `slots` is undone when it ends."""
+    flat = [(c.flatten(0, 1), c.flatten(0, 1)[slots].clone()) for c in (*pool.k, *pool.v)]
+    try:
+        yield
+    finally:
+        for cache, kept in flat:
+            cache.index_copy_(0, slots, kept)
 
 
 def _split_rows(logits: Tensor, rows: list[list[int]]) -> list[Tensor | None]:

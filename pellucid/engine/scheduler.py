@@ -29,6 +29,9 @@ class ScheduledSeq:
     samples: bool  # True when this step completes its known tokens, so a new one is sampled
     # guesses at the tokens after its last (engine/drafter.py), pushed after it and checked
     drafts: list[int] = field(default_factory=list)
+    # where its tokens start: None, its next position; else a recompute of positions it has
+    # (a trace's analysis pass, ModelRunner.analyse)
+    start: int | None = None
 
 
 @dataclass(slots=True)

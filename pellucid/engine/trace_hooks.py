@@ -2,10 +2,14 @@
 The calls, by caller:
 
     ModelRunner.run:   traced = traced_items(batch)                 # [] when nobody asked
-                       before_forward(ctx, traced)                  # ask attention / hidden states
-                       after_forward(ctx, traced, logits, token_ids)  # keep a few tensors
+                       after_forward(traced, logits, token_ids)     # keep the drawn logits rows
                        keep_patterns(ctx, captured)                 # LLM.run_with_cache's
     LLMEngine.step:    end_step(batch, seconds)                     # timings, KV use
+    LLMEngine._analyse: ModelRunner.analyse(seq, ...)               # once done: attention, lens
+
+A traced request's steps run as anyone's do (compiled); what needs the inside of the forward
+(attention probabilities, each layer's hidden state for the logit lens) comes from one more pass
+over its positions when it is done.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from pellucid.engine.probes import hook_name, pattern_layer
@@ -60,36 +63,13 @@ def traced_items(
     return found
 
 
-def before_forward(ctx: ForwardContext, traced: list[TracedItem]) -> None:
-    """Ask the model to keep attention probabilities and per-layer hidden states as needed."""
-    for t in traced:
-        ctx.capture_attention.update(t.item.seq.trace.options.attention_layers)
-    rows = [
-        t.first_row + t.item.n_tokens - len(t.item.drafts) - 1  # its own token's row
-        for t in traced
-        if t.item.samples and t.item.seq.trace.options.logit_lens
-    ]
-    if rows:
-        ctx.capture_hidden_rows = torch.tensor(rows)
-
-
-def after_forward(
-    ctx: ForwardContext, traced: list[TracedItem], logits: Tensor | None, token_ids: list[int]
-) -> None:
-    """Hand each traced sequence what this forward showed about it; time it, to leave it out."""
+def after_forward(traced: list[TracedItem], logits: Tensor | None, token_ids: list[int]) -> None:
+    """Hand each traced sequence the logits row of the token it drew; time it, to leave it out."""
     start = time.perf_counter()
-    lens_row = 0
     for t in traced:
-        seq, rec = t.item.seq, t.item.seq.trace
-        if rec.options.attention_layers:
-            layers = rec.options.attention_layers
-            rec.keep_attention(attention_of(ctx, t, layers), seq.num_computed)
         if t.sample_row is not None and logits is not None:
-            hidden = None
-            if rec.options.logit_lens:
-                hidden = torch.stack([h[lens_row] for h in ctx.layer_hidden])  # (layers, dim)
-                lens_row += 1
-            rec.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state, hidden)
+            seq = t.item.seq
+            seq.trace.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state)
     elapsed = time.perf_counter() - start
     for t in traced:
         t.item.seq.trace.capture_s = elapsed

@@ -1,6 +1,7 @@
 """Recorder: fills one traced request's `Trace` from what the engine's hooks (trace_hooks.py)
-hand it: tensors kept during a forward pass (`keep_token`, `keep_attention`) and the facts of each
-step (`end_step`). `recorder.trace` gives the records; stages, logit lens and attention lists are
+hand it: the logits row of each drawn token (`keep_token`), the facts of each step (`end_step`),
+and, once the request is done, the attention and hidden states of one pass over its positions
+(`keep_pass`). `recorder.trace` gives the records; stages, logit lens and attention lists are
 worked out when it is read.
 """
 
@@ -57,15 +58,14 @@ class _Raw:
 
     logits: Tensor  # (V,) the raw logits row
     state: SamplerState  # params and penalty history as they were when it was sampled
-    hidden: Tensor | None  # (layers, dim) after each layer, for the logit lens
 
 
 class Recorder:
     """One request's trace in the making; the engine keeps it on the Sequence as `seq.trace`.
 
-    During a step it only keeps tensors (a logits row, hidden states, attention rows): the
-    analysis (sampling stages, logit lens, lists of floats) waits until `.trace` is read, so
-    requests sharing the step are not kept waiting for it.
+    During a step it only keeps the drawn token's logits row: the analysis (sampling stages,
+    logit lens, lists of floats) waits until `.trace` is read, so requests sharing the step
+    are not kept waiting for it.
     """
 
     def __init__(
@@ -84,19 +84,7 @@ class Recorder:
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
         self._trace = Trace(
-            model=ModelInfo(
-                name,
-                cfg.arch,
-                cfg.n_layers,
-                cfg.n_heads,
-                cfg.n_kv_heads,
-                cfg.head_dim,
-                cfg.dim,
-                cfg.vocab_size,
-                _weight_bytes(model),
-                cfg.scale,
-                flops_per_token(cfg),
-            ),
+            model=model_info(model, name),
             sampling=_as_given(params),
             tokenization=Tokenization(
                 tokenizer.decode(prompt_ids),
@@ -122,6 +110,7 @@ class Recorder:
         self._pending: tuple[int, _Raw] | None = None  # this step's token, until end_step
         self._raw: dict[int, _Raw] = {}  # step index -> its tensors, until read
         self._attention: list[tuple[int, int, Tensor]] = []  # (layer, first position, probs)
+        self._lens: dict[int, Tensor] = {}  # step index -> (layers, dim) hidden, until read
         self.capture_s = 0.0  # recording time inside this step's forward, to leave out of it
 
     @property
@@ -130,6 +119,9 @@ class Recorder:
         for index, raw in self._raw.items():
             self._analyse(self._trace.steps[index], raw)
         self._raw.clear()
+        for index, hidden in self._lens.items():
+            self._trace.steps[index].lens = self._lens_of(hidden)
+        self._lens.clear()
         for layer, first_pos, probs in self._attention:
             self._fill_attention(self._trace.attention_for(layer), first_pos, probs)
         self._attention.clear()
@@ -188,35 +180,39 @@ class Recorder:
             drafted_in=source.index,
         )
         steps.append(step)
-        self._raw[step.index] = _Raw(logits.clone(), _snapshot(state), None)
+        self._raw[step.index] = _Raw(logits.clone(), _snapshot(state))
 
     def note_draft(self, guesses: list[int], taken: int) -> None:
         """The guesses the last forward pass checked, `taken` of them the model's own."""
         source = next(s for s in reversed(self._trace.steps) if s.drafted_in is None)
         source.draft = [Candidate(i, self.tokenizer.id_to_piece(i), 0.0) for i in guesses]
         source.draft_taken = taken
-        # the pass's attention rows: its own token's, then one per guess; only the guesses
-        # taken became positions of the sequence
-        first = source.context_tokens - 1
-        self._attention = [
-            (layer, pos, probs[:, : 1 + taken] if pos == first else probs)
-            for layer, pos, probs in self._attention
-        ]
 
     def finish(self, text: str, reason: str | None) -> None:
         self._trace.output_text, self._trace.finish_reason = text, reason
 
-    def keep_attention(self, layer_probs: dict[int, Tensor], first_pos: int) -> None:
-        """layer -> probs (heads, q_len, ctx) of this request's queries from first_pos on."""
-        for layer, probs in layer_probs.items():
-            if self._trace.attention_for(layer) is not None:
-                self._attention.append((layer, first_pos, probs[self.heads]))  # a copy
+    def keep_token(self, logits: Tensor, token_id: int, state: SamplerState) -> None:
+        """The sampled token with its raw logits row (V,)."""
+        self._pending = (token_id, _Raw(logits.clone(), _snapshot(state)))
 
-    def keep_token(
-        self, logits: Tensor, token_id: int, state: SamplerState, hidden: Tensor | None
+    def keep_pass(
+        self,
+        first_pos: int,
+        attention: dict[int, Tensor],
+        hidden: Tensor | None,
+        lens_from: int | None,
     ) -> None:
-        """The sampled token with its raw logits row (V,) and maybe hidden states (layers, dim)."""
-        self._pending = (token_id, _Raw(logits.clone(), _snapshot(state), hidden))
+        """A chunk of the pass over the finished request's positions (ModelRunner.analyse):
+        layer -> probs (heads, q_len, ctx) of its queries from first_pos on, and hidden
+        (rows, layers, dim) of its positions from max(first_pos, lens_from) on. The token of
+        step i was drawn at position lens_from + i (the prompt's last, then each token's)."""
+        for layer, probs in attention.items():
+            self._attention.append((layer, first_pos, probs[self.heads]))  # a copy
+        if hidden is not None and lens_from is not None:
+            first_step = max(first_pos, lens_from) - lens_from
+            for row, index in enumerate(range(first_step, first_step + len(hidden))):
+                if index < len(self._trace.steps):
+                    self._lens[index] = hidden[row]
 
     # --- analysis, when the trace is read -------------------------------------------------
     def _analyse(self, step: Step, raw: _Raw) -> None:
@@ -224,14 +220,20 @@ class Recorder:
         step.stages = [self._stage(name, x) for name, x in staged]
         step.token.prob = float(torch.softmax(staged[-1][1], -1)[step.token.id])  # drawn from
         step.logprob = float(torch.log_softmax(raw.logits, -1)[step.token.id])
-        if raw.hidden is not None:
-            with torch.inference_mode():
-                logits = self.model.compute_logits(self.model.norm(raw.hidden))  # (layers, V)
-            top = torch.softmax(logits, -1).topk(self.options.lens_top_k, dim=-1)
-            step.lens = [
-                LensLayer(layer, self._candidates(ids, ps))
-                for layer, (ids, ps) in enumerate(zip(top.indices, top.values))
-            ]
+
+    def end_pass(self, seconds: float) -> None:
+        self._trace.analysis_seconds = seconds
+
+    def _lens_of(self, hidden: Tensor) -> list[LensLayer]:
+        """What each layer's hidden state (layers, dim) would predict, read by the final norm
+        and the LM head."""
+        with torch.inference_mode():
+            logits = self.model.compute_logits(self.model.norm(hidden))  # (layers, V)
+        top = torch.softmax(logits, -1).topk(self.options.lens_top_k, dim=-1)
+        return [
+            LensLayer(layer, self._candidates(ids, ps))
+            for layer, (ids, ps) in enumerate(zip(top.indices, top.values))
+        ]
 
     def _fill_attention(self, amap: AttentionMap, first_pos: int, probs: Tensor) -> None:
         T = self._trace.prefill.prompt_tokens
@@ -255,6 +257,23 @@ class Recorder:
             for i, p in zip(ids.tolist(), probs.tolist())
             if p > 0
         ]
+
+
+def model_info(model: LlamaModel, name: str = "") -> ModelInfo:
+    cfg = model.cfg
+    return ModelInfo(
+        name,
+        cfg.arch,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.dim,
+        cfg.vocab_size,
+        _weight_bytes(model),
+        cfg.scale,
+        flops_per_token(cfg),
+    )
 
 
 def flops_per_token(cfg: ModelConfig) -> int:

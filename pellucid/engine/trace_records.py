@@ -140,6 +140,11 @@ class ModelInfo:
     scale: float  # the softmax scale of attention, 1/sqrt(head_dim) unless the model says so
     flops_per_token: int = 0  # the matrix products of one token's pass (2 per weight)
 
+    def shape(self) -> dict[str, int]:
+        """The numbers the explorer page draws from (/v1/explorer, `explain --html`)."""
+        names = ("layers", "heads", "kv_heads", "head_dim", "dim", "vocab_size", "flops_per_token")
+        return {name: getattr(self, name) for name in names}
+
 
 @dataclass(slots=True)
 class Trace:
@@ -154,6 +159,9 @@ class Trace:
     finish_reason: str | None = None
     bandwidth_limit_gbs: float | None = None  # the machine's measured copy bandwidth, if known
     flops_limit: float | None = None  # ... and its measured matrix-product FLOP/s
+    # the pass over the finished request's positions that found its attention and logit lens
+    # (its steps ran untouched; the requests beside it waited for this pass)
+    analysis_seconds: float = 0.0
 
     @property
     def decode_steps(self) -> list[Step]:

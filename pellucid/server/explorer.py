@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from pellucid.engine import flops_per_token
+from pellucid.engine import model_info
 from pellucid.llm import LLM
 from pellucid.probing import activation_patching, inspect_position, interventions_from_json
 from pellucid.server.errors import bad_request
@@ -91,15 +91,8 @@ def _inspect(llm: LLM, body: InspectRequest) -> dict[str, Any]:
 
 def model_facts(llm: LLM) -> dict[str, Any]:
     """The shape the page draws, and the work per token it sets against the machine's limits."""
-    cfg = llm.model.cfg
     return {
-        "layers": cfg.n_layers,
-        "heads": cfg.n_heads,
-        "kv_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "dim": cfg.dim,
-        "vocab_size": cfg.vocab_size,
+        **model_info(llm.model).shape(),
         "max_model_len": llm.engine.max_model_len,
-        "flops_per_token": flops_per_token(cfg),
         "kv_bytes_per_token": llm.engine.pool.bytes_per_token,
     }

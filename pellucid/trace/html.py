@@ -42,15 +42,8 @@ def static_data(ex: Explanation) -> dict[str, Any]:
     """What the page would ask the server: the model's facts, the run's trace, and for each
     position the inspect view (/v1/inspect's shape) the trace holds."""
     t = ex.trace
-    m = t.model
     info = {
-        "layers": m.layers,
-        "heads": m.heads,
-        "kv_heads": m.kv_heads,
-        "head_dim": m.head_dim,
-        "dim": m.dim,
-        "vocab_size": m.vocab_size,
-        "flops_per_token": m.flops_per_token,
+        **t.model.shape(),
         "kv_bytes_per_token": t.kv.bytes_per_token,
         "limits": {"bandwidth_gbs": t.bandwidth_limit_gbs or 0, "flops": t.flops_limit or 0},
     }
