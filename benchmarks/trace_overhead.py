@@ -7,7 +7,9 @@
    (`--basic`: tokens, stages, timings and KV only: what the explorer records, which asks
    `/v1/inspect` for a token's attention and lens when one is clicked). Request 0 (traced or not)
    asks half as many tokens as the others, so the pass that finds a trace's attention and lens
-   once its request is done runs while the others still decode: they pay for it.
+   once its request is done runs while the others still decode: they pay for it. Reading the
+   trace (sampling stages and the logit lens are worked out when it is read) is timed apart,
+   after the batch: a server does it as it answers, in the handler.
 2. One request pre-fills a 512-token prompt alone, untraced and traced, in back-to-back pairs
    (a new prompt each time: no prefix-cache hit): the traced pre-fill's time over the untraced,
    and the same with the traced request's analysis pass added.
@@ -63,6 +65,7 @@ class Run:
     recording_s: float  # time the traced request's recorder spent inside the steps
     steps_s: float  # time of the steps the traced request was in
     analysis_s: float  # its pass for attention and lens, once it was done
+    read_s: float  # reading its trace, after the batch: stages and the lens worked out then
 
 
 def run_batch(
@@ -84,7 +87,9 @@ def run_batch(
         llm.engine.step()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     done = sum(len(s.output_ids) for s in seqs[1:])
+    read = time.perf_counter()
     t = seqs[0].trace.trace if trace_one else None
+    read = time.perf_counter() - read
     steps = t.steps if t is not None else []
     return Run(
         done / wall,
@@ -92,6 +97,7 @@ def run_batch(
         sum(s.trace_seconds for s in steps),
         sum(s.seconds + s.trace_seconds for s in steps),
         t.analysis_seconds if t is not None else 0.0,
+        read,
     )
 
 
@@ -173,7 +179,9 @@ def main() -> None:
         f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
         f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; recording "
         f"took {share:.2%} of the steps the traced request shared, its analysis pass "
-        f"{statistics.median(t.analysis_s for _, t in pairs) * 1000:.0f} ms (median)"
+        f"{statistics.median(t.analysis_s for _, t in pairs) * 1000:.0f} ms (median); reading "
+        f"the trace after the batch (sampling stages and logit lens worked out then) "
+        f"{statistics.median(t.read_s for _, t in pairs) * 1000:.0f} ms"
     )
     print(
         f"its own 512-token pre-fill traced / untraced: median {prefill_ratio:.2f}x "
