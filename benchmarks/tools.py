@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import time
@@ -40,7 +39,15 @@ sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import openai
 import torch
-from bfcl import (
+from common import commit, peak_rss_mib, save
+from openai.types.chat import ChatCompletion
+from rich.console import Console
+from rich.table import Table
+from serve import pellucid_server
+
+from pellucid import LLM
+from pellucid.structured import ToolCall
+from pellucid.train.bfcl import (
     CATEGORIES,
     Category,
     Reply,
@@ -48,37 +55,13 @@ from bfcl import (
     load,
     load_checker,
     openai_tools,
+    python_route,
     score,
 )
-from common import commit, peak_rss_mib, save
-from openai.types.chat import ChatCompletion
-from rich.console import Console
-from rich.table import Table
-from serve import pellucid_server
-
-from pellucid import LLM, RequestOutput, SamplingParams
-from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
 
 DEFAULT_LIMIT = 30  # entries per category; 0 runs them all (1,240)
 IN_FLIGHT = 16  # server route: requests sent at once, so the engine batches them
 BFCL_LOCAL_MAX_TOKENS = 4096
-
-
-def python_reply(out: RequestOutput) -> Reply:
-    """From the engine's text; duplicates are counted among the blocks the engine let through,
-    before parse_tool_calls drops any."""
-    parsed = parse_tool_calls(out.text)
-    blocks = [
-        _key(b) for b in re.findall(r"<tool_call>\n?(.*?)\n?</tool_call>", out.text, re.DOTALL)
-    ]
-    return Reply(
-        parsed.tool_calls,
-        parsed.errors,
-        out.finish_reason,
-        len(out.token_ids),
-        out.text,
-        duplicate_count([b for b in blocks if b is not None]),
-    )
 
 
 def server_reply(response: ChatCompletion) -> Reply:
@@ -94,50 +77,6 @@ def server_reply(response: ChatCompletion) -> Reply:
     return Reply(
         calls, errors, choice.finish_reason, tokens, text, duplicate_count([c.key for c in calls])
     )
-
-
-def _key(block: str) -> tuple[str, str] | None:
-    try:
-        call = json.loads(block)
-        return call["name"], json.dumps(call["arguments"], sort_keys=True)
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return None
-
-
-def python_route(
-    llm: LLM, category: Category, entries: list[dict], constrained: bool, frequency_penalty: float
-) -> tuple[dict[str, Reply], dict[str, str], float]:
-    """Replies by entry id, grammars llguidance refused by entry id, seconds."""
-    start = time.perf_counter()
-    requests, compile_errors, ids_of = [], {}, []
-    for e in entries:
-        tools, _, _ = openai_tools(e)
-        chat = prepare_chat(
-            llm.tokenizer,
-            e["question"][0],
-            tools=tools,
-            tool_choice=category.tool_choice,
-            parallel_tool_calls=category.parallel,
-            constrained=constrained,
-        )
-        params = SamplingParams(
-            temperature=0,
-            max_tokens=category.max_tokens,
-            frequency_penalty=frequency_penalty,
-            **chat.sampling_fields(),
-        )
-        if chat.grammar is not None:
-            try:  # compile now, so a grammar llguidance rejects is reported, not fatal
-                llm.engine.grammars.matcher(chat.grammar)
-            except ValueError as err:
-                compile_errors[e["id"]] = str(err)
-                continue
-        requests.append((llm.encode_chat(chat.prompt), params))
-        ids_of.append(e["id"])
-    # All at once, each with its own grammar, so the engine batches them.
-    outs = llm.generate([ids for ids, _ in requests], [params for _, params in requests])
-    replies = {i: python_reply(out) for i, out in zip(ids_of, outs)}
-    return replies, compile_errors, time.perf_counter() - start
 
 
 async def server_route(

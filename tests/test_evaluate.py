@@ -115,3 +115,40 @@ def test_a_bigbench_name_outside_its_tasks_is_refused_before_any_fetch(name):
 
     with pytest.raises(ValueError, match="not a task name"):
         task_file(name)
+
+
+def test_bfcl_scores_its_own_ground_truth_right_and_a_changed_value_wrong():
+    """Replies made of BFCL's ground-truth calls pass its checker through our scoring; the same
+    with one value changed is still a valid call but not a right one."""
+    from pellucid.structured import ToolCall
+    from pellucid.train import bfcl
+
+    category = bfcl.category("simple")
+    entries = bfcl.load(category, 3)
+    replies = {}
+    for i, entry in enumerate(entries):
+        ((name, accepted),) = entry["answer"][0].items()  # one call: arg -> accepted values
+        args = {k: v[0] for k, v in accepted.items() if v[0] != ""}  # "": may be left out
+        if i == 2:
+            first = next(iter(args))
+            args[first] += 1000  # a number, as these three take: still the schema's type
+        call = ToolCall(name.replace(".", "_"), json.dumps(args))
+        replies[entry["id"]] = bfcl.Reply([call], [], "stop", 10, "", 0)
+    checker, language = bfcl.load_checker()
+    row = bfcl.score(category, entries, replies, {}, 1.0, checker, language)
+    assert (row["valid"], row["ast_correct"]) == (3, 2)
+    assert row["replies"][2]["ast"].startswith("value_error")
+
+
+def test_the_eval_command_runs_bfcl_with_the_grammar_on(smollm2_path, tmp_path, capsys):
+    from pellucid.cli import main
+
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(smollm2_path), "--bpb"]
+    assert main([*argv, "--task", "bfcl:simple", "--limit", "2", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["kind"] == "ToolCalling" and result["questions"] == 2
+    assert result["valid"] == 1.0  # the grammar admits only calls the schema allows
+    assert "tool calls" in capsys.readouterr().out
+    assert main([*argv, "--task", "bfcl:simplest"]) == 1  # before the model loads
+    assert "no BFCL category 'simplest'" in capsys.readouterr().err

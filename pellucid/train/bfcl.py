@@ -1,6 +1,9 @@
-"""BFCL v4 for benchmarks/tools.py: the categories, entries as OpenAI tools, and the scoring.
+"""Tool calling on BFCL v4 (`pellucid eval --task bfcl:simple`, benchmarks/tools.py): the
+categories, entries as OpenAI tools, the replies from Python, and the scoring.
 
-Valid replies (at least one call, every call names a given function and its arguments match the
+The entries and the checker come from the `bfcl-eval` package (data and code; installed with
+`--no-deps`, as `make setup` does, since its own dependencies are every vendor's SDK). Valid
+replies (at least one call, every call names a given function and its arguments match the
 schema; for irrelevance: no call at all), AST accuracy from bfcl-eval's own checker, duplicate
 calls, replies that ended at max_tokens and the calls those still returned.
 """
@@ -9,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
+import time
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +23,10 @@ from pathlib import Path
 
 import jsonschema
 
-from pellucid.structured import ToolCall
+from pellucid.engine import RequestOutput, SamplingParams
+from pellucid.errors import PellucidError
+from pellucid.llm import LLM
+from pellucid.structured import ToolCall, parse_tool_calls, prepare_chat
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,8 @@ CATEGORIES = {
         Category("irrelevance", "irrelevance", "auto", True, 256),
     ]
 }
+PREFIX = "bfcl:"  # `pellucid eval --task bfcl:CATEGORY`
+INSTALL = "pip install --no-deps bfcl-eval==2026.3.23"  # as make setup does
 EXAMPLES = 8  # invalid replies kept per reason, to show what went wrong
 CHECKER_MODEL = "pellucid"  # the checker looks this up in our stand-in MODEL_CONFIG_MAPPING
 Checker = Callable[..., dict]
@@ -53,6 +63,8 @@ def load_checker() -> tuple[Checker, object]:
     MODEL_CONFIG_MAPPING[model].underscore_to_dot. We hand back dotted names ourselves, so a
     stand-in module with that one entry replaces it.
     """
+    if importlib.util.find_spec("bfcl_eval") is None:
+        raise BfclError(f"BFCL's checker comes from the bfcl-eval package: {INSTALL}")
     stub = types.ModuleType("bfcl_eval.constants.model_config")
     stub.MODEL_CONFIG_MAPPING = {CHECKER_MODEL: types.SimpleNamespace(underscore_to_dot=False)}
     sys.modules["bfcl_eval.constants.model_config"] = stub
@@ -62,9 +74,23 @@ def load_checker() -> tuple[Checker, object]:
     return ast_checker, Language.PYTHON
 
 
-def load(category: Category, limit: int, ids: set[str]) -> list[dict]:
-    """BFCL entries (JSON lines), each with its ground truth under "answer" where there is one."""
-    data = Path(importlib.util.find_spec("bfcl_eval").origin).parent / "data"
+class BfclError(PellucidError):
+    """BFCL cannot run: an unknown category, or bfcl-eval is not installed."""
+
+
+def category(name: str) -> Category:
+    if name not in CATEGORIES:
+        raise BfclError(f"no BFCL category {name!r}: one of {', '.join(CATEGORIES)}")
+    return CATEGORIES[name]
+
+
+def load(category: Category, limit: int | None = None, ids: set[str] | None = None) -> list[dict]:
+    """BFCL entries (JSON lines), each with its ground truth under "answer" where there is one;
+    the first `limit` (None or 0: all)."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or spec.origin is None:
+        raise BfclError(f"BFCL's entries come from the bfcl-eval package: {INSTALL}")
+    data = Path(spec.origin).parent / "data"
     name = f"BFCL_v4_{category.file}.json"
     entries = [json.loads(line) for line in (data / name).read_text().splitlines() if line]
     answers = data / "possible_answer" / name
@@ -122,6 +148,80 @@ class Reply:
     tokens: int
     text: str  # the reply's text, or its calls as JSON lines: for the examples
     duplicates: int  # calls equal in name and arguments to an earlier one of the reply
+
+
+def python_reply(out: RequestOutput) -> Reply:
+    """From the engine's text; duplicates are counted among the blocks the engine let through,
+    before parse_tool_calls drops any."""
+    parsed = parse_tool_calls(out.text)
+    blocks = [
+        _key(b) for b in re.findall(r"<tool_call>\n?(.*?)\n?</tool_call>", out.text, re.DOTALL)
+    ]
+    return Reply(
+        parsed.tool_calls,
+        parsed.errors,
+        out.finish_reason or "",
+        len(out.token_ids),
+        out.text,
+        duplicate_count([b for b in blocks if b is not None]),
+    )
+
+
+def _key(block: str) -> tuple[str, str] | None:
+    try:
+        call = json.loads(block)
+        return call["name"], json.dumps(call["arguments"], sort_keys=True)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def python_route(
+    llm: LLM,
+    category: Category,
+    entries: list[dict],
+    constrained: bool = True,
+    frequency_penalty: float = 0.5,
+    batch: int = 0,
+    advance: Callable[[int], None] | None = None,
+) -> tuple[dict[str, Reply], dict[str, str], float]:
+    """Replies by entry id, grammars llguidance refused by entry id, seconds. Greedy, with a
+    frequency penalty (without one SmolLM2 loops inside some arguments); `batch` requests
+    submitted together (0: all), `advance(n)` called as each batch ends."""
+    start = time.perf_counter()
+    requests, compile_errors, ids_of = [], {}, []
+    for e in entries:
+        tools, _, _ = openai_tools(e)
+        chat = prepare_chat(
+            llm.tokenizer,
+            e["question"][0],
+            tools=tools,
+            tool_choice=category.tool_choice,
+            parallel_tool_calls=category.parallel,
+            constrained=constrained,
+        )
+        params = SamplingParams(
+            temperature=0,
+            max_tokens=category.max_tokens,
+            frequency_penalty=frequency_penalty,
+            **chat.sampling_fields(),
+        )
+        if chat.grammar is not None:
+            try:  # compile now, so a grammar llguidance rejects is reported, not fatal
+                llm.engine.grammars.matcher(chat.grammar)
+            except ValueError as err:
+                compile_errors[e["id"]] = str(err)
+                continue
+        requests.append((llm.encode_chat(chat.prompt), params))
+        ids_of.append(e["id"])
+    replies: dict[str, Reply] = {}
+    size = batch or max(len(requests), 1)
+    for at in range(0, len(requests), size):  # each with its own grammar, batched
+        part = requests[at : at + size]
+        outs = llm.generate([ids for ids, _ in part], [params for _, params in part])
+        replies |= {i: python_reply(out) for i, out in zip(ids_of[at : at + size], outs)}
+        if advance is not None:
+            advance(len(part))
+    return replies, compile_errors, time.perf_counter() - start
 
 
 def duplicate_count(keys: list[tuple[str, str]]) -> int:

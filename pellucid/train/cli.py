@@ -10,6 +10,7 @@ pellucid export runs/baby --out models/baby && pellucid generate "ROMEO:" --mode
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import MISSING, fields
@@ -82,7 +83,8 @@ def add_training_commands(commands: Any) -> None:
     sft.set_defaults(run=run_sft)
 
     ev = commands.add_parser(
-        "eval", help="bits per byte on held-out text, accuracy on multiple-choice JSONL tasks"
+        "eval",
+        help="bits per byte on held-out text, multiple-choice accuracy, BFCL tool calling",
     )
     ev.add_argument("--model", default=None, help="a catalog name, a folder or a .gguf file")
     ev.add_argument("--dtype", default="int4", help="int4 (the default path) or float32")
@@ -98,8 +100,10 @@ def add_training_commands(commands: Any) -> None:
         nargs="*",
         default=[],
         metavar="JSONL",
-        help="multiple-choice files (question, choices, answer a line), or bigbench:NAME",
+        help="multiple-choice files (question, choices, answer a line), bigbench:NAME, or "
+        "bfcl:CATEGORY (simple, multiple, parallel, parallel_multiple, irrelevance)",
     )
+    ev.add_argument("--limit", type=int, help="each task's first N questions (default all)")
     ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
     ev.add_argument("--json", type=Path, help="write the results here")
     ev.set_defaults(run=run_eval)
@@ -112,23 +116,44 @@ def add_training_commands(commands: Any) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.progress import Progress
     from rich.table import Table
 
     from pellucid.llm import LLM
-    from pellucid.train.evaluate import bits_per_byte, multiple_choice, read_task, report, task_path
+    from pellucid.train import evaluate as ev
 
-    for task in args.task:  # a malformed file fails before the model loads
-        read_task(task_path(task))
+    for task in args.task:  # a malformed file or unknown task fails before the model loads
+        if not task.startswith(ev.bfcl.PREFIX):
+            ev.read_task(ev.task_path(task))
+        else:
+            ev.bfcl.category(task.removeprefix(ev.bfcl.PREFIX))
     llm = LLM(args.model, dtype=args.dtype)
     sources = ["shakespeare", "kjv"] if args.bpb is None else args.bpb
-    results = [bits_per_byte(llm, s, args.max_bytes) for s in sources]
-    results += [multiple_choice(llm, t) for t in args.task]
+    results: list = []
+    with Progress(transient=True) as progress:
+        for source in sources:
+            total = len(ev.text_windows(llm, source, args.max_bytes))
+            bar = progress.add_task(f"bits per byte: {source}", total=total)
+            advance = functools.partial(progress.advance, bar)
+            results.append(ev.bits_per_byte(llm, source, args.max_bytes, advance=advance))
+        for task in args.task:
+            bar = progress.add_task(task, total=ev.task_size(llm, task, args.limit))
+            advance = functools.partial(progress.advance, bar)
+            run = ev.tool_calling if task.startswith(ev.bfcl.PREFIX) else ev.multiple_choice
+            results.append(run(llm, task, args.limit, advance))
     table = Table(title=f"pellucid eval: {llm.path.name} ({args.dtype})")
     for column in ("what", "on", "score", "over"):
         table.add_column(column)
     for r in results:
-        if hasattr(r, "bits_per_byte"):
+        if isinstance(r, ev.BitsPerByte):
             table.add_row("bits per byte", r.source, f"{r.bits_per_byte:.4f}", f"{r.bytes:,} bytes")
+        elif isinstance(r, ev.ToolCalling):
+            table.add_row(
+                "tool calls: valid / AST",
+                r.task,
+                f"{r.valid:.3f} / {r.ast_accuracy:.3f}",
+                f"{r.questions} questions",
+            )
         else:
             table.add_row(
                 "acc / acc_norm",
@@ -139,7 +164,7 @@ def run_eval(args: argparse.Namespace) -> int:
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report(results), indent=1) + "\n")
+        args.json.write_text(json.dumps(ev.report(results), indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

@@ -8,20 +8,27 @@
   a BIG-bench task from its package (`bigbench:NAME`, bigbench.py): each
   choice scored by its log-likelihood after the question (`acc`) and per byte of the choice
   (`acc_norm`, lm-evaluation-harness's length normalization).
+- tool calling on BFCL v4 (`bfcl:simple`, `bfcl:multiple`, `bfcl:parallel`,
+  `bfcl:parallel_multiple`, `bfcl:irrelevance`; bfcl.py): greedy replies to each question with
+  its tools offered and the tool-call grammar on; valid calls, and AST accuracy by BFCL's own
+  checker.
 
-Every pass is a scoring request through the engine (`LLM.prompt_logprobs`), many at a time.
+Every pass is a request through the engine, many at a time: scoring requests
+(`LLM.prompt_logprobs`) for the first two, generation for tool calls. `advance(n)`, where a
+function takes it, is told of each n units of work done (a progress bar).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pellucid.errors import PellucidError
 from pellucid.llm import LLM
-from pellucid.train import bigbench
+from pellucid.train import bfcl, bigbench
 from pellucid.train.corpora import corpus_text
 
 HELD_OUT = 0.1  # the tail of a corpus `data prepare` keeps for validation
@@ -48,25 +55,50 @@ class MultipleChoice:
     acc_norm: float
 
 
+@dataclass
+class ToolCalling:
+    task: str
+    questions: int
+    valid: float  # replies that are only valid calls (irrelevance: that make none)
+    ast_accuracy: float  # calls BFCL's checker accepts
+    duplicate_calls: int
+    cut_off: int  # replies that ended at max_tokens
+
+
+Advance = Callable[[int], None]
+
+
 def bits_per_byte(
-    llm: LLM, source: str, max_bytes: int = 100_000, window: int = 1024
+    llm: LLM,
+    source: str,
+    max_bytes: int = 100_000,
+    window: int = 1024,
+    advance: Advance | None = None,
 ) -> BitsPerByte:
     """On held-out text (`source`: a corpus name or a text file), up to `max_bytes` of it, in
-    windows of `window` tokens (fewer if the context is shorter), each scored on its own."""
-    text = held_out_text(source)[:max_bytes]
-    ids = llm.tokenizer.encode(text, add_special=False, parse_special=False)
-    window = min(window, llm.engine.max_model_len - 1)  # a scoring request generates one token
-    windows = [ids[at : at + window] for at in range(0, len(ids), window)]
-    windows = [w for w in windows if len(w) > 1]
+    windows of `window` tokens (fewer if the context is shorter), each scored on its own;
+    `advance` counts windows."""
+    windows = text_windows(llm, source, max_bytes, window)
     bits, n_bytes, n_tokens = 0.0, 0, 0
     for at in range(0, len(windows), BATCH):
         for rows in llm.prompt_logprobs(windows[at : at + BATCH]):
             bits -= sum(r.logprob for r in rows) / math.log(2)
             n_bytes += sum(len(llm.tokenizer.id_to_bytes(r.token_id)) for r in rows)
             n_tokens += len(rows)
+        if advance is not None:
+            advance(len(windows[at : at + BATCH]))
     if n_bytes == 0:
         raise EvalError(f"{source}: no text to score (it is empty or one token long)")
     return BitsPerByte(source, bits / n_bytes, n_tokens, n_bytes)
+
+
+def text_windows(llm: LLM, source: str, max_bytes: int, window: int = 1024) -> list[list[int]]:
+    """The token ids bits_per_byte scores, a window at a time."""
+    text = held_out_text(source)[:max_bytes]
+    ids = llm.tokenizer.encode(text, add_special=False, parse_special=False)
+    window = min(window, llm.engine.max_model_len - 1)  # a scoring request generates one token
+    windows = [ids[at : at + window] for at in range(0, len(ids), window)]
+    return [w for w in windows if len(w) > 1]
 
 
 def held_out_text(source: str) -> str:
@@ -94,12 +126,15 @@ def task_path(spec: str | Path) -> Path:
     return Path(spec)
 
 
-def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
-    """Accuracy on a JSONL task (or `bigbench:NAME`): the choice with the highest log-likelihood
-    after the question (`acc`), and with the highest per byte (`acc_norm`)."""
+def multiple_choice(
+    llm: LLM, path: str | Path, limit: int | None = None, advance: Advance | None = None
+) -> MultipleChoice:
+    """Accuracy on a JSONL task (or `bigbench:NAME`), its first `limit` questions (None: all):
+    the choice with the highest log-likelihood after the question (`acc`), and with the highest
+    per byte (`acc_norm`); `advance` counts choices scored."""
     name = str(path)
     path = task_path(path)
-    docs = read_task(path)
+    docs = read_task(path)[:limit]
     tok = llm.tokenizer
     sequences, spans = [], []  # spans: (question's tokens, choice's bytes) per sequence
     for doc in docs:
@@ -114,6 +149,8 @@ def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
             llm.prompt_logprobs(sequences[at : at + BATCH]), spans[at : at + BATCH]
         ):
             scores.append(sum(r.logprob for r in rows[n_question - 1 :]))
+        if advance is not None:
+            advance(len(sequences[at : at + BATCH]))
     acc = acc_norm = 0
     at = 0
     for doc in docs:
@@ -124,6 +161,35 @@ def multiple_choice(llm: LLM, path: str | Path) -> MultipleChoice:
         at += n
     task = name if name.startswith(bigbench.PREFIX) else path.stem
     return MultipleChoice(task, len(docs), acc / len(docs), acc_norm / len(docs))
+
+
+def tool_calling(
+    llm: LLM, spec: str, limit: int | None = None, advance: Advance | None = None
+) -> ToolCalling:
+    """BFCL v4 category `bfcl:NAME`, its first `limit` entries (None: all), replied to from
+    Python with the grammar on; `advance` counts replies."""
+    category = bfcl.category(spec.removeprefix(bfcl.PREFIX))
+    entries = bfcl.load(category, limit)
+    checker, language = bfcl.load_checker()
+    replies, refused, seconds = bfcl.python_route(
+        llm, category, entries, batch=BATCH, advance=advance
+    )
+    row = bfcl.score(category, entries, replies, refused, seconds, checker, language)
+    return ToolCalling(
+        spec,
+        row["n"],
+        row["valid_rate"],
+        row["ast_accuracy"],
+        row["duplicate_calls"],
+        row["hit_max_tokens"],
+    )
+
+
+def task_size(llm: LLM, spec: str, limit: int | None = None) -> int:
+    """Units of work of a task, as its function counts them for `advance`."""
+    if spec.startswith(bfcl.PREFIX):
+        return len(bfcl.load(bfcl.category(spec.removeprefix(bfcl.PREFIX)), limit))
+    return sum(len(doc["choices"]) for doc in read_task(task_path(spec))[:limit])
 
 
 def read_task(path: Path) -> list[dict]:
@@ -158,6 +224,6 @@ def read_task(path: Path) -> list[dict]:
     return docs
 
 
-def report(results: list[BitsPerByte | MultipleChoice]) -> dict:
+def report(results: list[BitsPerByte | MultipleChoice | ToolCalling]) -> dict:
     """JSON-ready results."""
     return {"results": [{"kind": type(r).__name__, **asdict(r)} for r in results]}
