@@ -3,7 +3,10 @@
 Defaults are nanoGPT's CPU "baby GPT" run on shakespeare_char (4 layers, 4 heads, 128 wide, block 64,
 batch 12, 2000 iterations, lr 1e-3 -> 1e-4 cosine after 100 warm-up steps, beta2 0.99, weight decay
 0.1, clip 1.0), built from pellucid's Llama modules (RMSNorm, RoPE, SwiGLU) or, with arch="gpt2",
-nanoGPT's own block (LayerNorm, learned positions, GELU MLP; biases off as in its train.py).
+nanoGPT's own block (LayerNorm, learned positions, GELU MLP; biases off as in its train.py). The
+Llama block's relatives train too, each exported as its own family: "qwen2" (biases on Q, K and
+V), "qwen3" (each head's Q and K RMS-normalized) and "mistral" (attention over the last
+`sliding_window` tokens).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pellucid.cpu import matmul_float
 from pellucid.models.config import ModelConfig
 
 DTYPES = ("bfloat16", "float32")
-ARCHS = ("llama", "gpt2")
+ARCHS = ("llama", "gpt2", "qwen2", "qwen3", "mistral")
 
 
 @dataclass(slots=True)
@@ -24,7 +27,8 @@ class TrainConfig:
     data: str  # a folder written by `pellucid data prepare`
     out: str  # checkpoints, loss curve and the exported model go here
     # model family and size
-    arch: str = "llama"  # "gpt2": nanoGPT's block, for like-for-like comparisons with it
+    arch: str = "llama"  # "gpt2": nanoGPT's block, for like-for-like comparisons with it; or
+    # a relative of Llama's: "qwen2", "qwen3", "mistral"
     bias: bool = False  # gpt2 only: biases in the linear layers and LayerNorms (GPT-2's own: on)
     n_layers: int = 4
     n_heads: int = 4
@@ -34,6 +38,7 @@ class TrainConfig:
     # of nanoGPT's 4·dim MLP (0.80M with the embeddings either way).
     ffn_dim: int | None = None  # None: llama 8/3·dim rounded up to a multiple of 8, gpt2 4·dim
     rope_theta: float = 10_000.0
+    sliding_window: int | None = None  # mistral (only, and needed): tokens each one attends to
     # batches
     block_size: int = 64
     batch_size: int = 12  # rows per micro-step for all processes together (split across DDP ranks)
@@ -86,7 +91,13 @@ class TrainConfig:
             raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
         if self.arch == "gpt2" and self.n_kv_heads not in (None, self.n_heads):
             raise ValueError("arch gpt2 has no grouped-query attention: leave n_kv_heads unset")
-        if self.arch == "llama" and (self.dim // self.n_heads) % 2:
+        if (self.arch == "mistral") != (self.sliding_window is not None):
+            raise ValueError(
+                "sliding_window is mistral's (and mistral needs one): give both or neither"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.arch != "gpt2" and (self.dim // self.n_heads) % 2:
             raise ValueError("dim / n_heads must be even: RoPE rotates pairs of features")
         if self.n_heads % (self.n_kv_heads or self.n_heads):
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads")
@@ -111,7 +122,7 @@ class TrainConfig:
         gpt2 = self.arch == "gpt2"
         ffn = self.ffn_dim or (4 * self.dim if gpt2 else math.ceil(8 * self.dim / 3 / 8) * 8)
         return ModelConfig(
-            arch=self.arch,
+            arch="gpt2" if gpt2 else "llama",  # the others are Llama's layout with a switch on
             vocab_size=vocab_size,
             dim=self.dim,
             n_layers=self.n_layers,
@@ -123,8 +134,10 @@ class TrainConfig:
             rope_theta=self.rope_theta,
             context_length=self.block_size,
             tie_embeddings=True,  # as nanoGPT: the output layer reuses the token embeddings
-            attn_bias=gpt2 and self.bias,
+            attn_bias=(gpt2 and self.bias) or self.arch == "qwen2",
             hidden_act="gelu" if gpt2 else "silu",  # nanoGPT's nn.GELU(): exact, not tanh
+            qk_norm=self.arch == "qwen3",
+            sliding_window=self.sliding_window,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Export a trained llama or gpt2 model as a GGUF file (float32) with the `gguf` package's writer.
+"""Export a trained model (Llama, Qwen2, Qwen3 or GPT-2) as a float32 GGUF file with the `gguf`
+package's writer.
 
-llama.cpp's layout: tensors named `blk.N.attn_q.weight` etc., Q/K rows permuted for its interleaved
-RoPE (pellucid's loader un-permutes them); GPT-2's `attn_qkv` and `position_embd`, with zero
+llama.cpp's layout: tensors named `blk.N.attn_q.weight` etc., Llama's Q/K rows permuted for its
+interleaved RoPE (pellucid's loader un-permutes them; Qwen's are stored as they are); GPT-2's `attn_qkv` and `position_embd`, with zero
 biases where it was trained without; the tokenizer as a 'gpt2' byte-level BPE vocabulary:
 tokens spelled in GPT-2's byte alphabet plus merges. A character-level vocabulary fits that form
 when every character is one byte (ASCII); a byte-level or trained BPE one always does.
@@ -25,7 +26,7 @@ from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
 from pellucid.tokenizer.gguf_vocab import NO_MERGES
 from pellucid.train.char_tokenizer import gpt2_byte_alphabet
-from pellucid.train.hf_export import with_biases
+from pellucid.train.hf_export import llama_family, with_biases
 
 # The loader's name tables read backwards. The norm before the MLP, which Llama and GPT-2 call
 # post_attention_layernorm, is llama.cpp's ffn_norm (Gemma's post_attention_norm is not exported).
@@ -81,19 +82,19 @@ def gguf_vocab(tokenizer_folder: Path) -> tuple[list[str], list[int], list[str],
 def export_gguf(model: LlamaModel, tokenizer_folder: Path, path: Path) -> Path:
     """An F32 GGUF file of the model and its tokenizer, which llama.cpp and pellucid read."""
     cfg = model.cfg
-    if cfg.arch not in ("llama", "gpt2"):
-        raise ValueError(f"GGUF export writes llama and gpt2 models; this one is {cfg.arch}")
-    if cfg.qk_norm or cfg.sliding_window or (cfg.attn_bias and cfg.arch == "llama"):
+    family = "gpt2" if cfg.arch == "gpt2" else llama_family(cfg)
+    if family == "mistral":
         raise ValueError(
-            "GGUF export writes Llama models without Q/K norms, sliding windows or biases"
+            "llama.cpp reads Mistral as its llama architecture, which has no sliding window: "
+            "export this model as an HF folder (--out a folder, not .gguf)"
         )
-    if cfg.long_rope is not None:
-        raise ValueError("GGUF export does not write LongRoPE's two sets of rope factors")
+    if cfg.long_rope is not None or (cfg.rope_divisors is not None and family != "llama"):
+        raise ValueError("GGUF export writes rope scaling for Llama 3's kind only")
     with atomic_path(path) as tmp:
-        writer = gguf.GGUFWriter(str(tmp), cfg.arch)
+        writer = gguf.GGUFWriter(str(tmp), family)
         _add_hyperparameters(writer, cfg, path.stem)
         _add_tokenizer(writer, tokenizer_folder)
-        _add_tensors(writer, model)
+        _add_tensors(writer, model, permute=family == "llama")
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -123,7 +124,9 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, cfg: ModelConfig, name: str) -
         writer.add_rope_dimension_count(cfg.head_dim)
 
 
-def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel) -> None:
+def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel, permute: bool) -> None:
+    """The tensors under llama.cpp's names; `permute`: Q/K rows in its interleaved RoPE order
+    (Llama's layout; Qwen rotates halves, as pellucid does)."""
     cfg = model.cfg
     state = unfused_state(model)
     if cfg.tie_embeddings:
@@ -131,9 +134,9 @@ def _add_tensors(writer: gguf.GGUFWriter, model: LlamaModel) -> None:
     if cfg.arch == "gpt2":
         state = with_biases(state)
     for name, t in state.items():
-        if cfg.arch == "llama" and name.endswith("q_proj.weight"):
+        if permute and name.endswith("q_proj.weight"):
             t = permute_rope(t, cfg.n_heads)
-        elif cfg.arch == "llama" and name.endswith("k_proj.weight"):
+        elif permute and name.endswith("k_proj.weight"):
             t = permute_rope(t, cfg.n_kv_heads)
         writer.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
     if cfg.rope_divisors is not None:  # Llama 3.1's scaling, as llama.cpp's converter writes it

@@ -1,7 +1,8 @@
 """A model as a Hugging Face folder: config.json + model.safetensors + tokenizer.json.
 
-`LLM(folder)` and `pellucid generate --model folder` serve it; transformers' LlamaForCausalLM or
-GPT2LMHeadModel reads it too. Llama: pellucid's module names are HF's without the `model.` prefix,
+`LLM(folder)` and `pellucid generate --model folder` serve it; transformers' LlamaForCausalLM
+(Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM for those families) or GPT2LMHeadModel
+reads it too. Llama: pellucid's module names are HF's without the `model.` prefix,
 and RoPE uses HF's rotate-half layout, so no permutation is needed. GPT-2: HF's own names and
 Conv1D's transposed matrices, with zero biases where the model was trained without them.
 """
@@ -24,19 +25,25 @@ from pellucid.models.llama import LlamaModel
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+# Llama's relatives, as config.json names them: (architecture, extra keys)
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}),
+    "qwen2": ("Qwen2ForCausalLM", {"use_sliding_window": False}),  # Q/K/V biases: always on
+    "qwen3": ("Qwen3ForCausalLM", {"attention_bias": False, "use_sliding_window": False}),
+    "mistral": ("MistralForCausalLM", {}),
+}
+
+
 def hf_config(cfg: ModelConfig) -> dict:
     if cfg.arch == "gpt2":
         return gpt2_hf_config(cfg)
-    if cfg.arch != "llama":
-        raise ValueError(f"export writes llama and gpt2 models; this one is {cfg.arch}")
-    if cfg.qk_norm or cfg.rope_divisors or cfg.sliding_window or cfg.attn_bias:
-        raise ValueError(
-            "export writes plain Llama models: this one has Q/K norms, rope scaling, a sliding "
-            "window or biases, which its config.json would not record"
-        )
+    family = llama_family(cfg)
+    if cfg.rope_divisors or cfg.long_rope:
+        raise ValueError("export writes no rope scaling into config.json: this model has some")
+    architecture, extra = FAMILIES[family]
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": family,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.dim,
         "intermediate_size": cfg.ffn_dim,
@@ -49,12 +56,35 @@ def hf_config(cfg: ModelConfig) -> dict:
         "rope_theta": cfg.rope_theta,
         "max_position_embeddings": cfg.context_length,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": cfg.attn_bias,
-        "mlp_bias": False,
+        "sliding_window": cfg.sliding_window,
+        **extra,
         "torch_dtype": "float32",
         "bos_token_id": None,
         "eos_token_id": None,
     }
+
+
+def llama_family(cfg: ModelConfig) -> str:
+    """Which of Llama's relatives a model of Llama's layout is, by the one switch it has on:
+    Q/K/V biases (Qwen2), Q/K norms (Qwen3), a sliding window on every layer (Mistral)."""
+    if cfg.arch != "llama":
+        raise ValueError(f"export writes Llama's family and GPT-2; this one is {cfg.arch}")
+    on = [
+        family
+        for family, switch in (
+            ("qwen2", cfg.attn_bias),
+            ("qwen3", cfg.qk_norm),
+            ("mistral", cfg.sliding_window is not None and cfg.global_every == 0),
+        )
+        if switch
+    ]
+    layered = cfg.sliding_window is not None and cfg.global_every != 0
+    if len(on) > 1 or layered:
+        raise ValueError(
+            "export writes Llama, Qwen2, Qwen3 and Mistral as trained here (at most one of Q/K/V "
+            f"biases, Q/K norms, a sliding window on every layer): this model has {on}"
+        )
+    return on[0] if on else "llama"
 
 
 def gpt2_hf_config(cfg: ModelConfig) -> dict:
