@@ -1,6 +1,6 @@
-"""Llama's relatives trained from scratch: Qwen2 (Q/K/V biases), Qwen3 (Q/K norms) and Mistral (a
-sliding window). Each exports as its own family: transformers' class for that family reads the HF
-folder and computes the trained model's logits; pellucid serves the folder (and, for the Qwens,
+"""Llama and its relatives trained from scratch: Qwen2 (Q/K/V biases), Qwen3 (Q/K norms) and
+Mistral (a sliding window). Each exports as its own family: transformers' class for that family reads the HF
+folder and computes the trained model's logits; pellucid serves the folder (and, but for Mistral,
 the GGUF file, which llama.cpp reads alike) with them too."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pellucid.train.trainer import Trainer
 TEXT = "The king and the queen walk to the river"  # 41 bytes: longer than the window
 WINDOW = 6
 FAMILIES = {  # arch -> (extra TrainConfig fields, transformers' class)
+    "llama": ({}, "LlamaForCausalLM"),  # the default: what the others differ from
     "qwen2": ({}, "Qwen2ForCausalLM"),
     "qwen3": ({}, "Qwen3ForCausalLM"),
     "mistral": ({"sliding_window": WINDOW}, "MistralForCausalLM"),
@@ -73,7 +74,7 @@ def test_what_makes_each_family_is_trained_and_used(trained):
         assert attn.qkv_proj.bias is not None and attn.qkv_proj.bias.abs().sum() > 0
     elif arch == "qwen3":
         assert not torch.equal(attn.q_norm.weight, torch.ones_like(attn.q_norm.weight))
-    else:  # the window changes what a late position sees
+    elif arch == "mistral":  # the window changes what a late position sees
         full = trained_logits(trainer, ids)
         for layer in model.layers:
             layer.self_attn.window = None

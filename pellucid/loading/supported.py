@@ -22,7 +22,8 @@ FAMILIES = (
         "Llama 2/3.x, SmolLM2",
         ("llama",),
         ("llama",),
-        "GQA; rope scaling llama3 (Llama 3.1+), linear, yarn; tied or own head",
+        "GQA; rope scaling llama3 (Llama 3.1+), linear, yarn; tied or own head; what "
+        "`pellucid train` makes by default",
         "transformers 1e-4 and llama.cpp's converter + logits, greedy (test_architectures); "
         "SmolLM2 135M vs llama.cpp and transformers (test_models)",
     ),
@@ -30,22 +31,27 @@ FAMILIES = (
         "Mistral",
         ("mistral",),
         ("llama",),
-        "sliding window on every layer (llama.cpp's converter drops it from a GGUF)",
-        "transformers 1e-4 with the window; llama.cpp without (test_architectures)",
+        "sliding window on every layer (llama.cpp's converter drops it from a GGUF); "
+        "`pellucid train --arch mistral` trains it",
+        "transformers 1e-4 with the window; llama.cpp without (test_architectures); trained "
+        "here and exported: transformers 1e-4 (test_train_families)",
     ),
     Family(
         "Qwen2, Qwen2.5",
         ("qwen2",),
         ("qwen2",),
-        "Q/K/V biases; yarn",
-        "transformers 1e-4, llama.cpp's converter + logits, greedy (test_architectures)",
+        "Q/K/V biases; yarn; `pellucid train --arch qwen2` trains it",
+        "transformers 1e-4, llama.cpp's converter + logits, greedy (test_architectures); "
+        "trained here and exported: transformers and llama.cpp 1e-4 (test_train_families)",
     ),
     Family(
         "Qwen3 (dense)",
         ("qwen3",),
         ("qwen3",),
-        "per-head Q/K RMSNorm; head_dim apart from the width",
-        "transformers 1e-4, llama.cpp's converter + logits, greedy (test_architectures)",
+        "per-head Q/K RMSNorm; head_dim apart from the width; `pellucid train --arch qwen3` "
+        "trains it",
+        "transformers 1e-4, llama.cpp's converter + logits, greedy (test_architectures); "
+        "trained here and exported: transformers and llama.cpp 1e-4 (test_train_families)",
     ),
     Family(
         "Phi-3, Phi-4",
