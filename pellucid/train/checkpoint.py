@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pellucid.atomic import atomic_path
+from pellucid.train import fsdp
 
 CHECKPOINT = "ckpt.pt"
 
@@ -26,6 +27,12 @@ def save_checkpoint(state: dict[str, Any], folder: Path) -> Path:
 
 
 def load_checkpoint(folder: Path) -> dict[str, Any]:
+    """A run's checkpoint: ckpt.pt whole, or a sharded one's facts with its folder under
+    "sharded" (fsdp.py; its tensors load into a model and optimizer from there)."""
+    if folder.is_dir():
+        sharded = fsdp.load_meta(folder)
+        if sharded is not None:
+            return sharded
     path = folder / CHECKPOINT if folder.is_dir() else folder
     if not path.is_file():
         raise ValueError(f"{path}: no checkpoint to resume from; train without --resume first")

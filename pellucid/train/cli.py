@@ -221,6 +221,7 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
 def run_train(args: argparse.Namespace) -> int:
     from pellucid.train import ddp
     from pellucid.train.config import TrainConfig
+    from pellucid.train.export import export_checkpoint
     from pellucid.train.hf_export import export_hf
     from pellucid.train.trainer import Trainer
 
@@ -246,7 +247,11 @@ def run_train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         if not args.no_export:
-            folder = export_hf(trainer.model, Path(cfg.out), Path(cfg.out) / "model")
+            out = Path(cfg.out)
+            if cfg.fsdp:  # gathered from the shards just saved
+                folder = export_checkpoint(out, out / "model")
+            else:
+                folder = export_hf(trainer.model, out, out / "model")
             print(f'model: {folder}  (pellucid generate "..." --model {folder})', file=sys.stderr)
     return 0
 

@@ -60,6 +60,9 @@ class TrainConfig:
     threads: int | None = None  # torch threads; None leaves torch's choice
     compile: bool = False  # torch.compile the model: fuses the small element-wise ops (needs a C++
     # compiler; the first steps take longer while it compiles)
+    # shard parameters, gradients, optimizer state and checkpoints over the torchrun processes
+    # (FSDP2, fsdp.py) instead of copying them to each (DDP)
+    fsdp: bool = False
     seed: int = 1337
     # evaluation, samples, checkpoints
     eval_interval: int = 250
@@ -107,6 +110,11 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError(f"need 0 <= min_lr <= lr, got min_lr={self.min_lr}, lr={self.lr}")
+        if self.fsdp and (self.compile or self.sample_tokens):
+            raise ValueError(
+                "fsdp runs without compile and sample_tokens (a sample needs the whole model: "
+                "export the run and generate from it)"
+            )
         if self.warmup_iters < 0 or self.decay_iters < 0:
             raise ValueError("warmup_iters and lr_decay_iters must be >= 0")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
+from pellucid.train import fsdp
 from pellucid.train.checkpoint import load_checkpoint
 from pellucid.train.gguf_export import export_gguf
 from pellucid.train.hf_export import export_hf
@@ -21,7 +22,10 @@ def export_checkpoint(run: Path, out: Path) -> Path:
     ckpt = load_checkpoint(run)
     cfg = ModelConfig(**ckpt["model_config"])
     model = build_model(cfg)
-    model.load_state_dict(ckpt["model"])
+    if "sharded" in ckpt:  # written by FSDP ranks: gathered here, in one process
+        fsdp.load_model_state(model, Path(ckpt["sharded"]))
+    else:
+        model.load_state_dict(ckpt["model"])
     # the run folder holds a copy of the tokenizer; older runs only name their data folder
     tokenizer = run if (run / "tokenizer.json").is_file() else Path(ckpt["config"]["data"])
     if out.suffix == ".gguf":

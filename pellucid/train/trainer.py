@@ -21,7 +21,7 @@ from torch import Tensor
 from pellucid.errors import PellucidError
 from pellucid.models import build_model
 from pellucid.models.llama import LlamaModel
-from pellucid.train import ddp
+from pellucid.train import ddp, fsdp
 from pellucid.train.checkpoint import load_checkpoint, save_checkpoint
 from pellucid.train.config import TrainConfig
 from pellucid.train.data import TokenData
@@ -73,12 +73,14 @@ class Trainer:
         self.model: LlamaModel = build_model(self.model_cfg)  # on the CPU, in float32
         self.batch_gen = torch.Generator().manual_seed(cfg.seed)
         init_weights(self.model, torch.Generator().manual_seed(cfg.seed))
+        if cfg.fsdp:  # before the optimizer: it holds the shards
+            fsdp.shard(self.model, self.dist)
         self.optimizer = make_optimizer(self.model, cfg)
         self.step = 0
         self.history: dict[str, list] = {"train": [], "val": []}
         if ckpt is not None:
             self._restore(ckpt)
-        self.ddp_model = ddp.wrap(self.model, self.dist)
+        self.ddp_model = self.model if cfg.fsdp else ddp.wrap(self.model, self.dist)
         if cfg.compile:
             self.ddp_model = torch.compile(self.ddp_model)
         self.autocast = AUTOCAST[cfg.dtype]
@@ -145,6 +147,7 @@ class Trainer:
         total = torch.zeros(())
         for micro in range(cfg.grad_accum):
             x, y = self.next_batch()
+            fsdp.set_gradient_sync(self.model, sync=micro == cfg.grad_accum - 1)
             with ddp.no_sync(self.ddp_model, skip=micro < cfg.grad_accum - 1):
                 loss = self.loss(self.ddp_model, x, y)
                 (loss / cfg.grad_accum).backward()
@@ -154,7 +157,8 @@ class Trainer:
             raise self._diverged("loss", loss, lr)
         # clip_grad_norm_ returns the norm before clipping: inf/nan there means a bad update
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).item()
+        norm = fsdp.full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        norm = norm.item()
         if not math.isfinite(norm):
             raise self._diverged("gradient norm", norm, lr)
         self.optimizer.step()
@@ -233,15 +237,21 @@ class Trainer:
 
     # --- checkpoints ------------------------------------------------------------------------
     def save(self) -> None:
+        if self.cfg.fsdp:  # every rank writes its shards
+            fsdp.save(self.model, self.optimizer, self.facts(), self.out)
+            return
         if self.dist.is_main:
             save_checkpoint(self.state(), self.out)
         ddp.barrier(self.dist)
 
     def state(self) -> dict:
+        model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        return {"model": model, "optimizer": optimizer, **self.facts()}
+
+    def facts(self) -> dict:
+        """What a checkpoint holds besides the model's and optimizer's tensors."""
         return {
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "batch_rng": self.batch_gen.get_state(),  # the data position: which batches come next
             "torch_rng": torch.get_rng_state(),
             "history": self.history,
@@ -251,8 +261,11 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict) -> None:
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if "sharded" in ckpt:  # however many ranks wrote it
+            fsdp.restore(self.model, self.optimizer, Path(ckpt["sharded"]))
+        else:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         self.batch_gen.set_state(ckpt["batch_rng"])
         torch.set_rng_state(ckpt["torch_rng"])
         self.step = ckpt["step"]
@@ -280,7 +293,8 @@ class Trainer:
         return (
             f"{self._size()} ({c.n_layers} layers, {c.n_heads} heads, dim {c.dim}, ffn "
             f"{self.model_cfg.ffn_dim}, vocab {self.model_cfg.vocab_size}); {c.tokens_per_iter}"
-            f" tokens/step; {c.dtype}; {self.dist.world} process(es); step {self.step}/"
+            f" tokens/step; {c.dtype}; {self.dist.world} process(es)"
+            f"{', sharded (FSDP2)' if c.fsdp else ''}; step {self.step}/"
             f"{c.max_iters}"
         )
 
