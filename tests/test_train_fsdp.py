@@ -200,3 +200,13 @@ def test_two_nodes_of_one_process_each(data: Path, tmp_path: Path):
         assert launcher.returncode == 0, err[-3000:]
     losses = [loss for _, loss in load_checkpoint(tmp_path / "nodes")["history"]["train"]]
     assert losses == pytest.approx(one.train_losses, rel=1e-5)
+
+
+def test_a_missing_shard_is_refused_by_name(data: Path, tmp_path: Path):
+    cfg = tiny_config(data, tmp_path / "run", max_iters=2, fsdp=True, dtype="float32")
+    Trainer(cfg, verbose=False).run()
+    folder = Path(load_checkpoint(tmp_path / "run")["sharded"])
+    for shard in folder.glob("*.distcp"):
+        shard.unlink()
+    with pytest.raises(ValueError, match="sharded checkpoint cannot be read.*shard is missing"):
+        Trainer(cfg, resume=True, verbose=False)

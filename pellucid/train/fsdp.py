@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import Tensor, nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -99,8 +100,15 @@ def restore(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) ->
     """Load the shards into this run's model and optimizer, however many ranks wrote them."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    with _one_process_meant():
-        dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    try:
+        with _one_process_meant():
+            dcp.load(state, checkpoint_id=folder, no_dist=not dist.is_initialized())
+    except (Exception, CheckpointException) as e:  # several kinds, for missing or torn shards
+        raise ValueError(
+            f"{folder}: the sharded checkpoint cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no detail'}); a shard is missing or "
+            "damaged. Nothing was changed: restore the folder, or train from scratch"
+        ) from e
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
