@@ -145,8 +145,8 @@ def test_a_gguf_tensor_without_a_place_stops_the_load(tmp_path, monkeypatch):
     load fails naming it instead of computing without it."""
     add_tensors = gguf_export._add_tensors
 
-    def with_sinks(writer, model):
-        add_tensors(writer, model)
+    def with_sinks(writer, model, permute):
+        add_tensors(writer, model, permute)
         writer.add_tensor("blk.0.attn_sinks.weight", np.ones(4, dtype=np.float32))
 
     monkeypatch.setattr(gguf_export, "_add_tensors", with_sinks)
