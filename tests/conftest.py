@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 import torch
+from helpers import KEY, MODEL, Running, client_of, serving
 
 from pellucid import LLM, catalog
 from pellucid.models import build_model
@@ -93,6 +96,21 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> LLM:
     return LLM("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: LLM) -> Iterator[Running]:
+    """`pellucid serve`'s app on SmolLM2, with the tests' API key, one per test module (a module
+    that needs another kind defines its own `server`)."""
+    from pellucid.server import create_app
+
+    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Running) -> openai.OpenAI:
+    return client_of(server)
 
 
 @pytest.fixture(scope="session")

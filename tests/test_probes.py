@@ -7,13 +7,12 @@ passes must match; patching is checked on a real model against what is known of 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import openai
 import pytest
 import torch
-from helpers import KEY, MODEL, client_of, serving
+from helpers import MODEL
 from torch import Tensor, nn
 
 from pellucid import LLM, SamplingParams
@@ -25,7 +24,6 @@ from pellucid.probing import (
     mean_ablation,
     steering_vector,
 )
-from pellucid.server import create_app
 
 SEA = [{"role": "user", "content": "Write a sentence about the sea."}]
 PROMPT = "The quick brown fox jumps over the lazy dog, again and again."
@@ -284,12 +282,6 @@ def test_patching_finds_where_the_country_is_carried(smollm2):
 
 
 # --- through the server --------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def client(smollm2: LLM) -> Iterator[openai.OpenAI]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield client_of(running)
-
-
 def _ask(client: openai.OpenAI, interventions: list | None = None, stream: bool = False) -> str:
     extra = {"interventions": interventions} if interventions else None
     kwargs = {

@@ -5,17 +5,15 @@ against the model's full-forward logits."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 import torch
-from helpers import KEY, MODEL, Running, client_of, serving
+from helpers import KEY, MODEL
 
 from pellucid import LLM
 from pellucid.config import EngineConfig
-from pellucid.server import create_app
 
 TEXTS = ["The capital of France is Paris.", "Water boils at 100 degrees Celsius at sea level."]
 
@@ -38,17 +36,6 @@ def test_prompt_logprobs_are_the_full_forwards(tiny_path):
             torch.tensor([r.logprob for r in rows]), torch.tensor(reference(tiny, text)), atol=1e-4
         )
         assert all(len(r.top) == 4 and r.top[0][1] >= r.logprob - 1e-6 for r in rows)
-
-
-@pytest.fixture(scope="module")
-def server(smollm2: LLM) -> Iterator[Running]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Running) -> openai.OpenAI:
-    return client_of(server)
 
 
 def test_echo_with_max_tokens_0_scores_each_prompt(client, smollm2):

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 import schemathesis
-from helpers import KEY, MODEL, Running, client_of, serving
+from helpers import KEY, MODEL, Running, serving
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 
@@ -34,17 +34,6 @@ HELLO = [{"role": "user", "content": "Say hello to Paris."}]
 # The full checks: PELLUCID_DISCONNECTS=200 PELLUCID_FUZZ_EXAMPLES=500 (minutes, not seconds).
 DISCONNECTS = int(os.environ.get("PELLUCID_DISCONNECTS", "40"))
 FUZZ_EXAMPLES = int(os.environ.get("PELLUCID_FUZZ_EXAMPLES", "50"))
-
-
-@pytest.fixture(scope="module")
-def server(smollm2: LLM) -> Iterator[Running]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Running) -> openai.OpenAI:
-    return client_of(server)
 
 
 def alone(server: Running, llm: LLM, messages: list[dict], max_tokens: int) -> str:

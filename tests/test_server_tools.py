@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
-from helpers import KEY, MODEL, Running, client_of, serving
+from helpers import KEY, MODEL, Running
 
 from pellucid import LLM, SamplingParams
-from pellucid.server import create_app
 from pellucid.structured import prepare_chat
 
 WEATHER = {
@@ -44,17 +42,6 @@ CALC = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2: LLM) -> Iterator[Running]:
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: Running) -> openai.OpenAI:
-    return client_of(server)
 
 
 def _check_call(call, tool: dict) -> dict:
