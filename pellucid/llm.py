@@ -256,7 +256,8 @@ class LLM:
                     logprobs = self.model.compute_logits(hidden).log_softmax(-1)
                     chosen = logprobs.gather(1, ids[at : at + SCORE_ROWS, None])[:, 0].tolist()
                     top = logprobs.topk(top_n) if top_n else None
-                    for r, (token_id, logprob) in enumerate(zip(ids[at:].tolist(), chosen)):
+                    part = ids[at : at + SCORE_ROWS].tolist()
+                    for r, (token_id, logprob) in enumerate(zip(part, chosen, strict=True)):
                         alts = (
                             []
                             if top is None

@@ -4,8 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)     # or: pellucid serve
 
 Routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/tokenize, /v1/detokenize
-(also at the root, as vLLM has them, with /tokenizer_info), /health, /metrics, / (the explorer page) and the routes it asks (explorer.py: /v1/explorer,
-/v1/inspect, /v1/patching).
+(also at the root, as vLLM has them, with /tokenizer_info), /health, /metrics, / (the explorer
+page) and the routes it asks (explorer.py: /v1/explorer, /v1/inspect, /v1/patching).
 """
 
 from __future__ import annotations
