@@ -20,9 +20,10 @@ many decoding rows, which repeats its steps, keeps the dense copies (make_dense)
 torch's int4 packing follows the vector width its kernels were dispatched for: it interleaves
 blocks of 64 output channels with AVX-512, of 32 with AVX2 (`channel_block()`); without either,
 matrices stay int8. On AVX2 without AVX-512, where torch's kernels multiply in float32 and
-decoding fell behind llama.cpp, rows go instead to pellucid's own integer kernels
-(models/rowdot.py): int4 matrices take their layout (Int4DotLinear), int8 ones keep theirs.
-There these beat float32 GEMMs up to ROWDOT_ROWS rows, so no dense copies are kept at all.
+decoding fell behind llama.cpp, and on AVX-512 with VNNI, rows go instead to pellucid's own
+integer kernels (models/rowdot.py): int4 matrices take their layout (Int4DotLinear). On AVX2
+these beat float32 GEMMs at any row count, and int8 matrices take them too; with VNNI they beat
+bf16 GEMMs up to ROWDOT_BF16_ROWS rows (`rowdot_rows()`); neither keeps dense copies.
 
 The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
 (models/layers.py): one kernel call instead of three or two per layer.
@@ -35,7 +36,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from pellucid.cpu import cpu_flags
+from pellucid.cpu import cpu_flags, native_bf16
 from pellucid.models import fbgemm, rowdot, unpack
 from pellucid.models.dense import dense_dtype, dense_mm, unpack_dtype
 from pellucid.models.llama import LlamaModel
@@ -50,6 +51,9 @@ UNPACK_ROWS = 48
 # 512-token pre-fill (benchmarks/results/comments.md): its layers take it for any count below
 # this, and keep no dense copies
 ROWDOT_ROWS = 1 << 16
+# ... and with AVX-512 VNNI and bf16 (no AMX), as fast as a bf16 GEMM up to this many rows, from
+# a quarter of the bytes (measured: benchmarks/results/comments.md)
+ROWDOT_BF16_ROWS = 128
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 
 
@@ -67,6 +71,18 @@ def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
     CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel)."""
     return "packed-v3-dot8" if rowdot.available() else f"packed-v2-n{channel_block() or 0}"
+
+
+@functools.cache
+def rowdot_rows() -> int:
+    """The most rows rowdot's int4 kernel multiplies before a dense GEMM takes over: every count
+    where bf16 is not native (float32 GEMMs lose to it), ROWDOT_BF16_ROWS with AVX-512 BF16, and
+    as many as torch's int4 kernel takes (UNPACK_ROWS) with AMX, whose tiles beat it on many
+    rows (32 sequences at 3.2x llama.cpp's on bf16 copies)."""
+    flags = cpu_flags()
+    if not native_bf16():
+        return ROWDOT_ROWS
+    return UNPACK_ROWS if "amx_bf16" in flags else ROWDOT_BF16_ROWS
 
 
 def int4_class() -> type[PackedLinear]:
@@ -224,7 +240,7 @@ class Int4Linear(PackedLinear):
 
 class Int4DotLinear(PackedLinear):
     """4-bit weights in groups of 32 along the input, w = q * scale + min, laid out for rowdot's
-    integer dot products (models/rowdot.c, where it is the fast path: AVX2 without AVX-512):
+    integer dot products (models/rowdot.c, where it is the fast path: see rowdot.available):
     output channels in blocks of 8, one per 32-bit lane, each lane holding 4 inputs of its
     channel per step (the layout is drawn in rowdot.c)."""
 
@@ -236,6 +252,7 @@ class Int4DotLinear(PackedLinear):
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
         require_int4_shape(Int4DotLinear, out_features, in_features)
+        self.rowdot_rows = rowdot_rows()  # read now: a compiled graph must not call it
         blocks, groups = out_features // 8, in_features // GROUP
         # (blocks, groups, step, channel * 4 + input): 32 bytes per step of 8 inputs
         self.register_buffer("packed", torch.empty(blocks, groups, 4, 32, dtype=torch.uint8))
@@ -255,10 +272,10 @@ class Int4DotLinear(PackedLinear):
         return rowdot.int4_rows_mm(rows, self.packed, self.params)
 
     def packed_rows(self) -> int:
-        return ROWDOT_ROWS
+        return self.rowdot_rows
 
     def keeps_dense(self) -> bool:
-        return False
+        return self.rowdot_rows < ROWDOT_BF16_ROWS  # with AMX: copies for batches, as Int4Linear
 
     def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
         shape = (self.out_features, self.in_features)
@@ -290,7 +307,7 @@ class Int8Linear(PackedLinear):
         self.logits = False  # the LM head: float32 out of the kernels that can
         # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
         # groups of 32)
-        self.rowdot = rowdot.available() and out_features % 4 == 0 and in_features % GROUP == 0
+        self.rowdot = rowdot.int8_available() and out_features % 4 == 0 and in_features % GROUP == 0
         self.inductor_loop = "avx512f" in cpu_flags()  # see packed_mm
 
     def use_fbgemm(self) -> None:

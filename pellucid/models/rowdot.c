@@ -1,8 +1,9 @@
 /* Rows times a packed matrix, in 8-bit integer dot products: the products of CPUs where
-   torch's int4 kernel is slow (AVX2, see rowdot.py). Each row is rounded to int8 with a
-   scale per group of 32 inputs (as llama.cpp rounds activations to Q8), then multiplied by
-   4-bit or 8-bit weights in integer arithmetic, 32 products per instruction pair
-   (vpmaddubsw + vpmaddwd), and each group's integer sum is scaled back to float.
+   torch's int4 kernel is slow (AVX2, and AVX-512 with VNNI; see rowdot.py). Each row is
+   rounded to int8 with a scale per group of 32 inputs (as llama.cpp rounds activations to Q8),
+   then multiplied by 4-bit or 8-bit weights in integer arithmetic, 32 products per instruction
+   pair (vpmaddubsw + vpmaddwd) or per instruction with VNNI (vpdpbusd), and each group's
+   integer sum is scaled back to float.
 
    int4 layout ("dot8"): output channels in blocks of 8, one per 32-bit lane of a vector, each
    lane summing 4 inputs of its channel. For block b, group g (32 inputs) and step s (8 inputs
@@ -25,33 +26,94 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define ROWDOT_AVX2 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+/* vpdpbusd: 4 unsigned x signed byte products summed into each 32-bit lane, one instruction
+   where AVX2 needs three (vpmaddubsw, vpmaddwd, vpaddd) */
+#define ROWDOT_VNNI 1
+#endif
 #endif
 
 #define GROUP 32
+/* Rows multiplied per pass over a block of channels: as many as keep their sums in registers
+   (AVX-512 has 32 vector registers, AVX2 16). */
+#ifdef ROWDOT_VNNI
+#define PASS 8
+#else
+#define PASS 4
+#endif
 
-/* Row r's group g -> 32 int8 in xq, its scale in dx and in sx the sum of its rounded values
-   (for the int4 weights' offsets m, which multiply the plain sum): the sum of the values as
-   rounded, not as given, so that the product is that of the rounded row with the weights,
-   whose error is smaller than that of a mix of the two (m is as large as the weights).*/
+/* One group of 32 values from x[at] -> 32 int8 in q, scale amax / 127 in *d and in *s the sum
+   of the rounded values times d (for the int4 weights' offsets m, which multiply the plain sum):
+   the sum of the values as rounded, not as given, so that the product is that of the rounded
+   row with the weights, whose error is smaller than that of a mix of the two (m is as large as
+   the weights). */
+#ifdef ROWDOT_AVX2
+static inline __m256 load8(const void *x, int64_t at, int bf16) { /* 8 bf16 or floats -> floats */
+    if (!bf16)
+        return _mm256_loadu_ps((const float *)x + at);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + at));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float max8(__m256 v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+static inline void quantize_group(const void *x, int64_t at, int bf16, int8_t *q, float *d,
+                                  float *s) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = load8(x, at + 8 * i, bf16);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    const float scale = max8(amax) / 127.0f;
+    const __m256 inv = _mm256_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
+    __m256i r[4]; /* rounded to nearest, ties to even, as lrintf */
+    for (int i = 0; i < 4; i++)
+        r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    /* packs work within 128-bit halves: the permute puts the 8 dwords back in order */
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]),
+                                             _mm256_packs_epi32(r[2], r[3]));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(bytes, order));
+    const __m256i sum4 = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum4), _mm256_extracti128_si256(sum4, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    *d = scale;
+    *s = scale * (float)_mm_cvtsi128_si32(h);
+}
+#else
+static inline void quantize_group(const void *x, int64_t at, int bf16, int8_t *q, float *d,
+                                  float *s) {
+    float v[GROUP], amax = 0.0f;
+    for (int j = 0; j < GROUP; j++) {
+        v[j] = load_value(x, at + j, bf16);
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < GROUP; j++) {
+        q[j] = (int8_t)lrintf(v[j] * inv);
+        sum += q[j];
+    }
+    *d = scale;
+    *s = scale * (float)sum;
+}
+#endif
+
+/* Rows (n, in) -> int8 xq (n, in), and per group of 32 the scale dx and scaled sum sx. */
 static void quantize_rows(const void *x, int bf16, int64_t n, int64_t in_f, int8_t *xq, float *dx,
                           float *sx) {
     const int64_t groups = in_f / GROUP;
+#pragma omp parallel for schedule(static) if (n * in_f >= 16384)
     for (int64_t r = 0; r < n; r++)
         for (int64_t g = 0; g < groups; g++) {
             const int64_t at = r * in_f + g * GROUP;
-            float v[GROUP], amax = 0.0f;
-            for (int j = 0; j < GROUP; j++) {
-                v[j] = load_value(x, at + j, bf16);
-                amax = fmaxf(amax, fabsf(v[j]));
-            }
-            const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-            int32_t sum = 0;
-            for (int j = 0; j < GROUP; j++) {
-                xq[at + j] = (int8_t)lrintf(v[j] * inv);
-                sum += xq[at + j];
-            }
-            dx[r * groups + g] = d;
-            sx[r * groups + g] = d * (float)sum;
+            quantize_group(x, at, bf16, xq + at, dx + r * groups + g, sx + r * groups + g);
         }
 }
 
@@ -93,28 +155,36 @@ static inline __attribute__((always_inline)) void
 int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx,
            const float *sx, int64_t in_f, const int R, float out[][8]) {
     const int64_t groups = in_f / GROUP;
-    const __m256i nibble = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
+    const __m256i nibble = _mm256_set1_epi8(15);
+    __m256 acc[PASS];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, w += 128, p += 16) {
-        __m256i sum[4];
+        __m256i sum[PASS], sum_hi[PASS]; /* two chains a row: vpdpbusd waits on its sum */
         for (int r = 0; r < R; r++)
-            sum[r] = _mm256_setzero_si256();
+            sum[r] = sum_hi[r] = _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
             const __m256i lo = _mm256_and_si256(bytes, nibble);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xq + r * in_f + g * GROUP + 8 * s;
+#ifdef ROWDOT_VNNI
+                sum[r] = _mm256_dpbusd_epi32(sum[r], lo, broadcast4(x));
+                sum_hi[r] = _mm256_dpbusd_epi32(sum_hi[r], hi, broadcast4(x + 4));
+#else
                 /* |2 * 2 * 15 * 127| fits int16: the two halves add before widening */
                 const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x)),
                                                        _mm256_maddubs_epi16(hi, broadcast4(x + 4)));
-                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, ones));
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
             }
         }
         const __m256 d = bf16x8(p), m = bf16x8(p + 8);
         for (int r = 0; r < R; r++) {
+#ifdef ROWDOT_VNNI
+            sum[r] = _mm256_add_epi32(sum[r], sum_hi[r]);
+#endif
             const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), scale, acc[r]);
             acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * groups + g]), acc[r]);
@@ -128,7 +198,6 @@ int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *d
    by the caller. 4 channels at once: independent sums, and the row read once for them. */
 static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
                              float out[4]) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     for (int64_t g = 0; g < in_f / GROUP; g++) {
@@ -140,8 +209,14 @@ static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx,
             /* the next 4 channels: without this, the head's 28 MB (SmolLM2) streamed from memory
                at half the speed */
             _mm_prefetch((const char *)(w + (c + 4) * in_f + g * GROUP), _MM_HINT_T0);
+#ifdef ROWDOT_VNNI
+            const __m256i dots = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv),
+                                                     _mm256_sign_epi8(x, wv));
+#else
             const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv));
-            const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            const __m256i dots = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+            const __m256 sum = _mm256_cvtepi32_ps(dots);
             acc[c] = _mm256_fmadd_ps(sum, scale, acc[c]);
         }
     }
@@ -202,17 +277,23 @@ void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16
     for (int64_t b = 0; b < out_f / 8; b++) {
         const uint8_t *w = packed + b * in_f * 4;
         const uint16_t *p = params + b * groups * 16;
-        for (int64_t r0 = 0; r0 < n; r0 += 4) { /* 4 rows at a time: the block stays in L1 */
-            float out[4][8];
+        for (int64_t r0 = 0; r0 < n; r0 += PASS) { /* PASS rows at a time: the block stays in L1 */
+            float out[PASS][8];
             const int64_t at = r0 * groups;
             const int8_t *xr = xq + r0 * in_f;
-            switch (n - r0 < 4 ? n - r0 : 4) {
+            switch (n - r0 < PASS ? n - r0 : PASS) {
             case 1: int4_block(w, p, xr, dx + at, sx + at, in_f, 1, out); break;
             case 2: int4_block(w, p, xr, dx + at, sx + at, in_f, 2, out); break;
             case 3: int4_block(w, p, xr, dx + at, sx + at, in_f, 3, out); break;
-            default: int4_block(w, p, xr, dx + at, sx + at, in_f, 4, out);
+#if PASS == 8
+            case 4: int4_block(w, p, xr, dx + at, sx + at, in_f, 4, out); break;
+            case 5: int4_block(w, p, xr, dx + at, sx + at, in_f, 5, out); break;
+            case 6: int4_block(w, p, xr, dx + at, sx + at, in_f, 6, out); break;
+            case 7: int4_block(w, p, xr, dx + at, sx + at, in_f, 7, out); break;
+#endif
+            default: int4_block(w, p, xr, dx + at, sx + at, in_f, PASS, out);
             }
-            for (int64_t r = r0; r < n && r < r0 + 4; r++)
+            for (int64_t r = r0; r < n && r < r0 + PASS; r++)
                 for (int c = 0; c < 8; c++)
                     store_value(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
         }

@@ -1,13 +1,16 @@
-"""Rows times a packed matrix by pellucid's own kernel (rowdot.c): the products of CPUs with
-AVX2 but without AVX-512.
+"""Rows times a packed matrix by pellucid's own kernel (rowdot.c): the int4 products of CPUs
+with AVX2 but without AVX-512, and of CPUs with AVX-512 VNNI.
 
-Why: there, torch's int4 kernel widens every weight to float and multiplies in float32, 8
+Why: on AVX2, torch's int4 kernel widens every weight to float and multiplies in float32, 8
 products per instruction; it took ~13 ms of a ~20 ms SmolLM2 token, and decoding fell behind
 llama.cpp's. llama.cpp instead rounds the row to int8 (a scale per 32 inputs) and multiplies in
 8-bit integers, 32 products per instruction pair, as rowdot.c does, on 4-bit weights laid out
 for it (Int4DotLinear, models/quant.py) or on int8 ones (Int8Linear: the LM head). It beat
-float32 GEMMs on many rows too, so there no dense copies are made (quant.ROWDOT_ROWS). Rounding
-the rows costs little accuracy (perplexity within 1% of float32: tests/test_quant.py).
+float32 GEMMs on many rows too, so there no dense copies are made (quant.ROWDOT_ROWS). With
+AVX-512 VNNI one instruction (vpdpbusd) does what that pair does, and the kernel took half the
+time of torch's AVX-512 int4 kernel for one row and less than bf16 GEMMs up to ~128 rows
+(benchmarks/results/comments.md). Rounding the rows costs little accuracy (perplexity within
+1% of float32: tests/test_quant.py).
 
 The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm`, so that a
 compiled decode step (torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as
@@ -30,13 +33,22 @@ from pellucid.models import kernels
 
 @functools.cache
 def available() -> bool:
-    """Whether these kernels are the fast path here: AVX2 without AVX-512 (with AVX-512, torch's
-    int4 kernel and fbgemm are measured and kept), and the kernels built."""
+    """Whether these kernels are the fast path for int4 here: AVX2 without AVX-512 (with AVX-512
+    but not VNNI, torch's int4 kernel is kept), or AVX-512 with VNNI; and the kernels built."""
     flags = cpu_flags()
-    if not ({"avx2", "fma"} <= flags and "avx512f" not in flags and kernels.library()):
+    vnni = {"avx512_vnni", "avx512vl"} <= flags
+    if not ({"avx2", "fma"} <= flags and ("avx512f" not in flags or vnni) and kernels.library()):
         return False
     kernels.torch_ops()  # the ops in C++ where they build (else the Python implementation)
     return True
+
+
+@functools.cache
+def int8_available() -> bool:
+    """Whether the int8 kernel is the fast path for int8 matrices too: only without AVX-512,
+    where the alternatives widen to float32. With AVX-512, fbgemm (one row of the LM head)
+    and bf16 GEMMs (many) beat it: its int8 loop keeps no rows in registers."""
+    return available() and "avx512f" not in cpu_flags()
 
 
 # Declared with torch.library's low-level API, as fbgemm.py declares its op (which defines the
