@@ -5,6 +5,7 @@ and every benchmark result records it."""
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 # The vector and matrix extensions the kernels here can use, in the order results list them.
@@ -27,6 +28,14 @@ def native_bf16() -> bool:
     oneDNN emulates them: on an AVX2 EPYC a 1024^3 bf16 matmul ran at 0.8 GFLOP/s against
     97 in float32, so there the fast path's dense matrices and training's autocast use float32."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def onednn_amx() -> bool:
+    """Whether oneDNN's GEMMs use AMX tiles here: the CPU has them and ONEDNN_MAX_CPU_ISA, if
+    set, does not keep oneDNN below them (e.g. AVX512_CORE_BF16, how the non-AMX case is
+    measured on an AMX machine)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    return "amx_bf16" in cpu_flags() and (cap in ("ALL", "DEFAULT") or "AMX" in cap)
 
 
 def matmul_float() -> str:

@@ -115,16 +115,19 @@ def _rows_rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
-@pytest.mark.parametrize("rows", [1, 3, 4, 9])  # the kernel takes rows 4 at a time
-def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows):
+# rows in passes of 4 or 8 (AVX2, VNNI), past 8 in passes of 6 over pairs of channel blocks
+# where the blocks pair up (48 channels: 6 blocks of 8), else one block at a time (40)
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 13])
+@pytest.mark.parametrize("channels", [48, 40])
+def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, channels):
     """rowdot.c against torch: its int4 and int8 products equal the float products of the
     rounded rows with the weights, up to float32 summation order; rounding the rows changes
     the product a little, and not at all for rows already on the int8 grid."""
     torch.manual_seed(4)
     x = torch.randn(rows, 160) * 3
     x[0, :32] = 0  # a group of zeros: a scale of 0, not a division by it
-    int4 = Int4DotLinear.from_weight(torch.randn(48, 160) * 0.05)
-    int8 = Int8Linear.from_weight(torch.randn(44, 160))
+    int4 = Int4DotLinear.from_weight(torch.randn(channels, 160) * 0.05)
+    int8 = Int8Linear.from_weight(torch.randn(channels - 4, 160))
     matrices = [
         (rowdot.int4_rows_mm(x, int4.packed, int4.params), int4.unpacked(torch.float32)),
         (rowdot.int8_rows_mm(x, int8.weight, int8.scales), int8.weight.float() * int8.scales.float()[:, None]),

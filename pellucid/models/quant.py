@@ -21,9 +21,9 @@ torch's int4 packing follows the vector width its kernels were dispatched for: i
 blocks of 64 output channels with AVX-512, of 32 with AVX2 (`channel_block()`); without either,
 matrices stay int8. On AVX2 without AVX-512, where torch's kernels multiply in float32 and
 decoding fell behind llama.cpp, and on AVX-512 with VNNI, rows go instead to pellucid's own
-integer kernels (models/rowdot.py): int4 matrices take their layout (Int4DotLinear). On AVX2
-these beat float32 GEMMs at any row count, and int8 matrices take them too; with VNNI they beat
-bf16 GEMMs up to ROWDOT_BF16_ROWS rows (`rowdot_rows()`); neither keeps dense copies.
+integer kernels (models/rowdot.py): int4 matrices take their layout (Int4DotLinear). These beat
+float32 GEMMs (AVX2) and bf16 ones without AMX at any row count, so no dense copies are kept
+(`rowdot_rows()`); on AVX2 int8 matrices take them too.
 
 The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
 (models/layers.py): one kernel call instead of three or two per layer.
@@ -36,7 +36,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from pellucid.cpu import cpu_flags, native_bf16
+from pellucid.cpu import cpu_flags, onednn_amx
 from pellucid.models import fbgemm, rowdot, unpack
 from pellucid.models.dense import dense_dtype, dense_mm, unpack_dtype
 from pellucid.models.llama import LlamaModel
@@ -47,13 +47,10 @@ DENSE_ROWS = 8  # above this many rows, a dense GEMM beats the int4 kernel (meas
 # ... and above this many, it beats it even counting the time to unpack the matrix first
 # (measured: benchmarks/results/comments.md)
 UNPACK_ROWS = 48
-# rowdot's integer kernel (AVX2) beat float32 GEMMs at every row count measured, up to a
-# 512-token pre-fill (benchmarks/results/comments.md): its layers take it for any count below
-# this, and keep no dense copies
+# rowdot's integer kernel beat float32 GEMMs (AVX2) and bf16 ones without AMX (AVX-512 VNNI) at
+# every row count measured, up to a 512-token pre-fill (benchmarks/results/comments.md): its
+# layers take it for any count below this, and keep no dense copies
 ROWDOT_ROWS = 1 << 16
-# ... and with AVX-512 VNNI and bf16 (no AMX), as fast as a bf16 GEMM up to this many rows, from
-# a quarter of the bytes (measured: benchmarks/results/comments.md)
-ROWDOT_BF16_ROWS = 128
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
 
 
@@ -76,13 +73,9 @@ def packed_format() -> str:
 @functools.cache
 def rowdot_rows() -> int:
     """The most rows rowdot's int4 kernel multiplies before a dense GEMM takes over: every count
-    where bf16 is not native (float32 GEMMs lose to it), ROWDOT_BF16_ROWS with AVX-512 BF16, and
-    as many as torch's int4 kernel takes (UNPACK_ROWS) with AMX, whose tiles beat it on many
-    rows (32 sequences at 3.2x llama.cpp's on bf16 copies)."""
-    flags = cpu_flags()
-    if not native_bf16():
-        return ROWDOT_ROWS
-    return UNPACK_ROWS if "amx_bf16" in flags else ROWDOT_BF16_ROWS
+    (ROWDOT_ROWS), unless oneDNN multiplies bf16 on AMX tiles, which beat it on many rows (32
+    sequences at 3.2x llama.cpp's on bf16 copies): then as many as torch's int4 kernel takes."""
+    return UNPACK_ROWS if onednn_amx() else ROWDOT_ROWS
 
 
 def int4_class() -> type[PackedLinear]:
@@ -275,7 +268,7 @@ class Int4DotLinear(PackedLinear):
         return self.rowdot_rows
 
     def keeps_dense(self) -> bool:
-        return self.rowdot_rows < ROWDOT_BF16_ROWS  # with AMX: copies for batches, as Int4Linear
+        return self.rowdot_rows < ROWDOT_ROWS  # with AMX: copies for batches, as Int4Linear
 
     def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
         shape = (self.out_features, self.in_features)

@@ -41,6 +41,7 @@
 #else
 #define PASS 4
 #endif
+#define PAIR_ROWS 6
 
 /* One group of 32 values from x[at] -> 32 int8 in q, scale amax / 127 in *d and in *s the sum
    of the rounded values times d (for the int4 weights' offsets m, which multiply the plain sum):
@@ -194,6 +195,52 @@ int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *d
         _mm256_storeu_ps(out[r], acc[r]);
 }
 
+#ifdef ROWDOT_VNNI
+/* Two neighbouring channel blocks (16 channels) for R rows: each row's 4 inputs, broadcast once,
+   serve both blocks, so there are half as many broadcasts per product as in int4_block (for
+   many rows, where they bound it). R a constant where it is called. */
+static inline __attribute__((always_inline)) void
+int4_pair(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx, const float *sx,
+          int64_t in_f, const int R, float out[][16]) {
+    const int64_t groups = in_f / GROUP, next = in_f * 4; /* bytes to the next block */
+    const __m256i nibble = _mm256_set1_epi8(15);
+    __m256 acc[2][PAIR_ROWS];
+    for (int r = 0; r < R; r++)
+        acc[0][r] = acc[1][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++, w += 128, p += 16) {
+        __m256i sum[2][PAIR_ROWS];
+        for (int r = 0; r < R; r++)
+            sum[0][r] = sum[1][r] = _mm256_setzero_si256();
+        for (int s = 0; s < 4; s++) {
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(w + next + 32 * s));
+            const __m256i lo0 = _mm256_and_si256(b0, nibble), lo1 = _mm256_and_si256(b1, nibble);
+            const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(b0, 4), nibble);
+            const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(b1, 4), nibble);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xq + r * in_f + g * GROUP + 8 * s;
+                const __m256i xl = broadcast4(x), xh = broadcast4(x + 4);
+                sum[0][r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum[0][r], lo0, xl), hi0, xh);
+                sum[1][r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(sum[1][r], lo1, xl), hi1, xh);
+            }
+        }
+        for (int j = 0; j < 2; j++) {
+            const uint16_t *pj = p + j * groups * 16;
+            const __m256 d = bf16x8(pj), m = bf16x8(pj + 8);
+            for (int r = 0; r < R; r++) {
+                const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(dx[r * groups + g]));
+                acc[j][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[j][r]), scale, acc[j][r]);
+                acc[j][r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * groups + g]), acc[j][r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(out[r], acc[0][r]);
+        _mm256_storeu_ps(out[r] + 8, acc[1][r]);
+    }
+}
+#endif
+
 /* 4 int8 channels (rows c..c+3 of the matrix) times one row; the channels' scales are applied
    by the caller. 4 channels at once: independent sums, and the row read once for them. */
 static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
@@ -267,12 +314,49 @@ static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_
 }
 #endif
 
+#ifdef ROWDOT_VNNI
+/* Many rows: blocks in pairs (int4_pair), PAIR_ROWS rows a pass. */
+static void int4_pairs_mm(const uint8_t *packed, const uint16_t *params, const int8_t *xq,
+                          const float *dx, const float *sx, void *y, int y_bf16, int64_t n,
+                          int64_t out_f, int64_t in_f) {
+    const int64_t groups = in_f / GROUP;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < out_f / 8; b += 2) {
+        const uint8_t *w = packed + b * in_f * 4;
+        const uint16_t *p = params + b * groups * 16;
+        for (int64_t r0 = 0; r0 < n; r0 += PAIR_ROWS) {
+            float out[PAIR_ROWS][16];
+            const int64_t at = r0 * groups;
+            const int8_t *xr = xq + r0 * in_f;
+            switch (n - r0 < PAIR_ROWS ? n - r0 : PAIR_ROWS) {
+            case 1: int4_pair(w, p, xr, dx + at, sx + at, in_f, 1, out); break;
+            case 2: int4_pair(w, p, xr, dx + at, sx + at, in_f, 2, out); break;
+            case 3: int4_pair(w, p, xr, dx + at, sx + at, in_f, 3, out); break;
+            case 4: int4_pair(w, p, xr, dx + at, sx + at, in_f, 4, out); break;
+            case 5: int4_pair(w, p, xr, dx + at, sx + at, in_f, 5, out); break;
+            default: int4_pair(w, p, xr, dx + at, sx + at, in_f, PAIR_ROWS, out);
+            }
+            for (int64_t r = r0; r < n && r < r0 + PAIR_ROWS; r++)
+                for (int c = 0; c < 16; c++)
+                    store_value(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
+        }
+    }
+}
+#endif
+
 void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
     const int64_t groups = in_f / GROUP;
     const Rounded rows = round_rows(x, x_bf16, n, in_f);
     const int8_t *xq = rows.q;
     const float *dx = rows.scale, *sx = rows.sum;
+#ifdef ROWDOT_VNNI
+    if (n > PASS && out_f % 16 == 0) {
+        int4_pairs_mm(packed, params, xq, dx, sx, y, y_bf16, n, out_f, in_f);
+        free_rounded(rows);
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < out_f / 8; b++) {
         const uint8_t *w = packed + b * in_f * 4;
