@@ -299,8 +299,10 @@ class Int8Linear(PackedLinear):
         self.fbgemm = False  # set by use_fbgemm: a few rows go to fbgemm
         self.logits = False  # the LM head: float32 out of the kernels that can
         # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
-        # groups of 32)
-        self.rowdot = rowdot.int8_available() and out_features % 4 == 0 and in_features % GROUP == 0
+        # groups of 32): for every row count on AVX2, else up to UNPACK_ROWS rows
+        self.rowdot = rowdot.available() and out_features % 4 == 0 and in_features % GROUP == 0
+        every = self.rowdot and rowdot.int8_every_row()
+        self.rowdot_rows = ROWDOT_ROWS if every else UNPACK_ROWS
         self.inductor_loop = "avx512f" in cpu_flags()  # see packed_mm
 
     def use_fbgemm(self) -> None:
@@ -311,10 +313,10 @@ class Int8Linear(PackedLinear):
             self.fbgemm = fbgemm.prepack(self, self.weight, self.scales)
 
     def packed_rows(self) -> int:
-        return ROWDOT_ROWS if self.rowdot else UNPACK_ROWS
+        return self.rowdot_rows
 
     def keeps_dense(self) -> bool:
-        return not self.rowdot
+        return self.rowdot_rows < ROWDOT_ROWS
 
     def pack(self, w: Tensor) -> None:
         scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # (out,)
@@ -333,9 +335,9 @@ class Int8Linear(PackedLinear):
             y = rowdot.int8_rows_mm(rows, self.weight, self.scales)  # float32
             return y if self.logits else y.to(rows.dtype)
         if self.inductor_loop and torch.compiler.is_compiling() and rows.shape[0] <= DENSE_ROWS:
-            # A few rows, compiled (Gemma's int8 decoder matrices; the head where fbgemm cannot
-            # run): with AVX-512, inductor's own loop over the int8 matrix beats the kernel for
-            # one row (measured: benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
+            # A few rows, compiled, where rowdot is not the fast path (AVX-512 without VNNI):
+            # inductor's own loop over the int8 matrix beats the kernel for one row (measured:
+            # benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
             y = (self.weight * rows.float()[:, None, :]).sum(-1)  # (n, out)
             return (y * self.scales.float()).to(rows.dtype)
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)

@@ -44,10 +44,11 @@ def available() -> bool:
 
 
 @functools.cache
-def int8_available() -> bool:
-    """Whether the int8 kernel is the fast path for int8 matrices too: only without AVX-512,
-    where the alternatives widen to float32. With AVX-512, fbgemm (one row of the LM head)
-    and bf16 GEMMs (many) beat it: its int8 loop keeps no rows in registers."""
+def int8_every_row() -> bool:
+    """Whether the int8 kernel takes int8 matrices at every row count: only without AVX-512,
+    where the alternatives widen to float32. With AVX-512 it takes a few rows (Gemma's int8
+    decoder matrices while decoding; fbgemm the LM head's) and bf16 GEMMs the many: its int8
+    loop keeps no rows in registers."""
     return available() and "avx512f" not in cpu_flags()
 
 
