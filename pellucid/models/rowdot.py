@@ -8,9 +8,9 @@ llama.cpp's. llama.cpp instead rounds the row to int8 (a scale per 32 inputs) an
 for it (Int4DotLinear, models/quant.py) or on int8 ones (Int8Linear: the LM head). It beat
 float32 GEMMs on many rows too, so there no dense copies are made (quant.ROWDOT_ROWS). With
 AVX-512 VNNI one instruction (vpdpbusd) does what that pair does, and the kernel took half the
-time of torch's AVX-512 int4 kernel for one row and less than bf16 GEMMs up to ~128 rows
-(benchmarks/results/comments.md). Rounding the rows costs little accuracy (perplexity within
-1% of float32: tests/test_quant.py).
+time of torch's AVX-512 int4 kernel for one row, and a 512-token pre-fill took less time than
+with bf16 GEMMs (without AMX; benchmarks/results/comments.md). Rounding the rows costs little
+accuracy (perplexity within 1% of float32: tests/test_quant.py).
 
 The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm`, so that a
 compiled decode step (torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as
