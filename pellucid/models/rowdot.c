@@ -41,7 +41,7 @@
 #else
 #define PASS 4
 #endif
-#define PAIR_ROWS 6
+#define PAIR_ROWS 6 /* rows a pass over a pair of blocks: 2 x 6 sums, 2 x 6 accumulators */
 
 /* One group of 32 values from x[at] -> 32 int8 in q, scale amax / 127 in *d and in *s the sum
    of the rounded values times d (for the int4 weights' offsets m, which multiply the plain sum):
