@@ -161,7 +161,8 @@ int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *d
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++, w += 128, p += 16) {
-        __m256i sum[PASS], sum_hi[PASS]; /* two chains a row: vpdpbusd waits on its sum */
+        /* with VNNI two chains a row, as vpdpbusd waits on its sum (AVX2 adds into sum only) */
+        __m256i sum[PASS], sum_hi[PASS];
         for (int r = 0; r < R; r++)
             sum[r] = sum_hi[r] = _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
