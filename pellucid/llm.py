@@ -62,6 +62,7 @@ class LLM:
             # K and V come out of bf16 matrix products: a bf16 cache keeps them exactly, in
             # half the bytes that decode attention reads per token
             self.dtype = self.kv_dtype = torch.bfloat16
+            self.model.use_decode_kernel()
         else:
             ckpt = read_checkpoint(self.path)
             self.config, metadata, self.dtype = ckpt.config, ckpt.gguf_metadata, DTYPES[dtype]

@@ -1,7 +1,8 @@
 """Decode attention over the paged KV pool: the compiled form (block by block, then each row's
-blocks merged) equals the eager form (block tables padded to the longest row, gathered, SDPA),
-for rows of different lengths, grouped KV heads, a sliding window and either cache dtype; and
-the explicit causal attention bfloat16 training uses equals SDPA's."""
+blocks merged) and pellucid's kernel (decode_attention.c) equal the eager form (block tables
+padded to the longest row, gathered, SDPA), for rows of different lengths, grouped KV heads, a
+sliding window and either cache dtype; and the explicit causal attention bfloat16 training uses
+equals SDPA's."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from pellucid.engine.model_runner import _decode_batch
-from pellucid.models import build_model, layers
+from pellucid.models import build_model, kernels, layers
 from pellucid.models.paged_attention import (
     attend_causal,
+    attention_mask,
     attend_causal_explicit,
     causal_bias,
     decode_attention,
@@ -45,6 +47,42 @@ def test_compiled_decode_attention_equals_eager(cache_dtype, window, lens):
     )
     assert compiled.shape == eager.shape == (len(lens), n_heads, head_dim)
     torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
+KERNEL_CASES = [  # (query heads, K/V heads, head dims, rows' context lengths, window)
+    (9, 3, 64, [1], None),  # SmolLM2's heads; one key
+    (9, 3, 64, [5, 300, 129], None),  # runs of 128 keys: a row ends at a run's first key
+    (4, 1, 256, [700, 16], 512),  # Gemma 3's heads and window
+    (8, 1, 128, [1000, 513, 128, 129], 100),  # a window shorter than a run
+    (16, 2, 64, [2048, 1], None),  # 8 query heads a K/V head, the most the kernel takes
+]
+
+
+@pytest.mark.skipif(not kernels.torch_ops(), reason="no C++ compiler for pellucid's torch ops")
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n_heads", "n_kv", "head_dim", "lens", "window"), KERNEL_CASES)
+def test_decode_attention_kernel_equals_sdpa(cache_dtype, n_heads, n_kv, head_dim, lens, window):
+    torch.manual_seed(0)
+    block = 16  # the engine's
+    used = [-(-n // block) for n in lens]
+    num_blocks = sum(used) + 3
+    k_cache = torch.randn(num_blocks, block, n_kv, head_dim).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, block, n_kv, head_dim).to(cache_dtype)
+    free = iter(torch.randperm(num_blocks).tolist())  # each row's blocks anywhere in the pool
+    tables = torch.zeros(len(lens), max(used), dtype=torch.long)
+    for row, n in enumerate(used):
+        tables[row, :n] = torch.tensor([next(free) for _ in range(n)])
+    ctx_lens = torch.tensor(lens)
+    q = torch.randn(len(lens), n_heads, head_dim)
+    scale = head_dim**-0.5
+
+    got = torch.ops.pellucid.paged_decode_attention(
+        q, k_cache, v_cache, tables, ctx_lens, window or 0, scale
+    )
+    positions = torch.arange(tables.shape[1] * block)[None]
+    mask = attention_mask((ctx_lens - 1)[:, None], positions, window)[:, None]
+    want = decode_attention(q, k_cache, v_cache, tables, mask, scale)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 5])

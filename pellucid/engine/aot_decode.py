@@ -97,6 +97,7 @@ def package_paths(model: LlamaModel) -> dict[int, Path]:
     h = hashlib.sha256()
     h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
     h.update("|".join(isa_flags()).encode())
+    h.update(f"|decode_kernel={model.layers[0].self_attn.decode_kernel}|".encode())
     for name, t in sorted(named_tensors(model).items()):
         if not name.endswith(".dense"):  # made later or not (the code's hash covers them)
             h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())

@@ -1,6 +1,7 @@
-"""pellucid's C kernels (unpack.c, rowdot.c), built for this CPU at first use into one shared
-library in pellucid's cache, named after their sources and the CPU's flags; and rowdot's torch
-ops (rowdot_ops.cpp), built where rowdot is the fast path.
+"""pellucid's C kernels (unpack.c, rowdot.c, decode_attention.c), built for this CPU at first
+use into one shared library in pellucid's cache, named after their sources and the CPU's flags;
+and their torch ops (ops.cpp: rowdot's products and decode attention), built where they are
+the fast path.
 
 They are compiled with the machine's C compiler (-O3 -march=native, about a second) and OpenMP:
 linked by soname to libgomp.so.1, the library resolves to the copy torch has loaded already, so
@@ -28,7 +29,7 @@ from pellucid.weights.cache import cache_root
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the libraries' names, not compiled
-OPS_SOURCES = [Path(__file__).with_name("rowdot_ops.cpp"), Path(__file__).with_name("rowdot.c")]
+OPS_SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "rowdot.c", "decode_attention.c")]
 log = logging.getLogger("pellucid")
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -60,8 +61,8 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def torch_ops() -> bool:
-    """Load rowdot's torch ops, built now if need be: True, or False where they cannot be built
-    (rowdot.py then keeps its Python implementation)."""
+    """Load the kernels' torch ops, built now if need be: True, or False where they cannot be
+    built (rowdot.py then keeps its Python implementation, paged_attention.py its tensor code)."""
     torch_dir = Path(torch.__file__).parent
     key = _key(OPS_SOURCES, torch.__version__, str(torch_dir))
     path = cache_root() / "kernels" / f"pellucid-ops-{key}.so"
@@ -72,7 +73,7 @@ def torch_ops() -> bool:
             _build(path, OPS_SOURCES, link)
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        log.warning("could not build rowdot's torch ops (%s): calling its kernels from Python", e)
+        log.warning("could not build pellucid's torch ops (%s): slower paths are used", e)
         return False
     return True
 

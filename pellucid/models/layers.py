@@ -70,6 +70,7 @@ class Attention(nn.Module):
             self.q_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
             self.k_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.decode_kernel = False  # decode rows by decode_attention.c (LlamaModel.use_decode_kernel)
 
     def output_bias(self, cfg: ModelConfig) -> bool:
         return False  # Qwen2's biases are on Q/K/V only
@@ -99,7 +100,9 @@ class Attention(nn.Module):
         if ctx is not None:  # inference: B == 1 and T is every token of the step
             for site, seen in (("q", q), ("k", k), ("v", v)):
                 see(ctx, site, self.layer, seen)
-            out = paged_attention(q[0], k[0], v[0], self.layer, ctx, self.window, self.scale)[None]
+            out = paged_attention(
+                q[0], k[0], v[0], self.layer, ctx, self.window, self.scale, self.decode_kernel
+            )[None]
             see(ctx, "z", self.layer, out)  # where head ablation and head patching act
         else:  # training / full recompute: causal attention within each row of the batch
             out = self.attend_within(

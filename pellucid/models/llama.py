@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from pellucid.models.config import ModelConfig
 from pellucid.models.context import ForwardContext, see
 from pellucid.models.layers import MLP, Attention, RMSNorm, embedding
-from pellucid.models.paged_attention import causal_bias
+from pellucid.models.paged_attention import causal_bias, decode_kernel_fits
 from pellucid.models.rope import rope_cos_sin, rope_for_heads
 
 
@@ -79,6 +79,14 @@ class LlamaModel(nn.Module):
         with LongRoPE (ModelConfig.with_context). Set before a step is compiled: a graph bakes
         the tables' divisors in."""
         self.cfg = self.cfg.with_context(positions)
+
+    def use_decode_kernel(self) -> None:
+        """Attend decode rows with decode_attention.c where it is built and fits the heads (the
+        fast path's bf16 cache; the float32 reference keeps torch's kernels). Set before a step
+        is compiled: a graph bakes the choice in."""
+        fits = decode_kernel_fits(self.cfg)
+        for block in self.layers:
+            block.self_attn.decode_kernel = fits
 
     def rope_tables(self, positions: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(

@@ -2,8 +2,9 @@
 query attend to its sequence's cached keys and values (gathered through the block table).
 
 Pre-fill chunks are attended one sequence at a time (many queries each); decode rows (one query
-each) are attended in one batched call: eagerly over block tables padded to a common length,
-compiled block by block with no padding.
+each) are attended in one batched call: on the fast path by pellucid's own kernel
+(decode_attention.c), which reads each row's keys where they lie; elsewhere eagerly over block
+tables padded to a common length, or, compiled, block by block with no padding.
 """
 
 from __future__ import annotations
@@ -12,7 +13,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pellucid.models import kernels
+from pellucid.models.config import ModelConfig
 from pellucid.models.context import DecodeBatch, ForwardContext
+
+# Declared with torch.library's low-level API, as rowdot.py declares its ops (fbgemm.py defines
+# the namespace: this is a fragment of it); its CPU implementation is decode_attention.c, which
+# ops.cpp wraps.
+_LIB = torch.library.Library("pellucid", "FRAGMENT")
+_LIB.define(
+    "paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+    "Tensor ctx_lens, int window, float scale) -> Tensor"
+)
+
+
+@torch.library.register_fake("pellucid::paged_decode_attention")
+def _(q: Tensor, *_: object) -> Tensor:
+    return torch.empty_like(q)
+
+
+def decode_kernel_fits(cfg: ModelConfig) -> bool:
+    """Whether decode_attention.c takes this model's heads (whole vectors of 16 dims, at most 8
+    query heads a K/V head) and is built here (a C++ compiler and torch's headers)."""
+    fits = cfg.head_dim % 16 == 0 and cfg.head_dim <= 256 and cfg.n_heads // cfg.n_kv_heads <= 8
+    return fits and kernels.torch_ops()
 
 
 def attention_mask(q_pos: Tensor, k_pos: Tensor, window: int | None) -> Tensor:
@@ -79,8 +103,10 @@ def paged_attention(
     ctx: ForwardContext,
     window: int | None,
     scale: float,
+    kernel: bool = False,
 ) -> Tensor:
-    """q (N, H, hd), k/v (N, Hkv, hd) for the step's N tokens -> attention output (N, H, hd)."""
+    """q (N, H, hd), k/v (N, Hkv, hd) for the step's N tokens -> attention output (N, H, hd).
+    `kernel`: decode rows by decode_attention.c (see decode_kernel_fits), unless traced."""
     k_cache, v_cache = ctx.k_cache[layer], ctx.v_cache[layer]
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
@@ -119,7 +145,11 @@ def paged_attention(
         # In float32 whatever the cache holds: SDPA on CPU is much slower for one query against
         # many bf16 keys than in float32.
         queries = queries.float()
-        if torch.compiler.is_compiling() and keep is None:
+        if kernel and keep is None:
+            o = torch.ops.pellucid.paged_decode_attention(
+                queries, k_cache, v_cache, d.block_tables, d.ctx_lens, window or 0, scale
+            )
+        elif torch.compiler.is_compiling() and keep is None:
             o = decode_attention_by_block(queries, k_cache, v_cache, d, window, scale)
         else:
             mask = padded_mask(d, window, k_cache.shape[1])
