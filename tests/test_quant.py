@@ -115,8 +115,9 @@ def _rows_rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
-# rows in passes of 4 or 8 (AVX2, VNNI), past 8 in passes of 6 over pairs of channel blocks
-# where the blocks pair up (48 channels: 6 blocks of 8), else one block at a time (40)
+# int4 rows in passes of 4 or 8 (AVX2, VNNI), past 8 in passes of 6 over pairs of channel
+# blocks where the blocks pair up (48 channels: 6 blocks of 8), else one block at a time (40);
+# int8 rows in passes of 8 over a channel (VNNI)
 @pytest.mark.parametrize("rows", [1, 3, 4, 9, 13])
 @pytest.mark.parametrize("channels", [48, 40])
 def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, channels):
@@ -142,6 +143,10 @@ def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, chan
     exact = on_grid @ int4.unpacked(torch.float32).T
     got = rowdot.int4_rows_mm(on_grid, int4.packed, int4.params)
     torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-5 * exact.abs().max().item())
+    # each row's int8 product is the same bit for bit alone or beside others (the few-row
+    # head's logits of a token and its guesses, engine/aot_decode.py)
+    alone = [rowdot.int8_rows_mm(row[None], int8.weight, int8.scales) for row in x]
+    assert torch.equal(torch.cat(alone), matrices[1][0])
     # bf16 rows give bf16 out for int4 (the decoder's dtype), float32 for int8 (logits)
     assert rowdot.int4_rows_mm(x.bfloat16(), int4.packed, int4.params).dtype == torch.bfloat16
     assert rowdot.int8_rows_mm(x.bfloat16(), int8.weight, int8.scales).dtype == torch.float32
@@ -149,7 +154,7 @@ def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, chan
 
 @pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
 def test_the_ops_built_in_cpp_give_what_the_python_implementation_gives():
-    """rowdot_ops.cpp (what a compiled decode step calls on AVX2) against rowdot.py's own
+    """ops.cpp (what a compiled decode step calls where rowdot runs) against rowdot.py's own
     implementation of the ops, which calls the same kernels through ctypes."""
     if not kernels.torch_ops():
         pytest.skip("rowdot's torch ops could not be built (no C++ compiler or torch headers)")

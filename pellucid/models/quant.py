@@ -401,8 +401,11 @@ def make_dense(model: LlamaModel) -> None:
 def use_fbgemm_head(model: LlamaModel) -> None:
     """An int8 LM head multiplies a few rows by fbgemm from now on (models/fbgemm.py): what a
     compiled decode step calls, torch.compile's or one compiled ahead (the op finds the packed
-    head by the weight it is handed)."""
-    if isinstance(head := model.lm_head, Int8Linear):
+    head by the weight it is handed). Not where rowdot's int8 kernel runs: reading the head in
+    memory order, it took less time than fbgemm for one row and a fraction for 2-8 (fbgemm
+    reads the head once a row), with no second copy of the head to pack and hold
+    (benchmarks/results/comments.md)."""
+    if isinstance(head := model.lm_head, Int8Linear) and not head.rowdot:
         head.use_fbgemm()
 
 
