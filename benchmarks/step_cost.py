@@ -63,7 +63,12 @@ def fit(medians: dict[tuple[int, int], float]) -> dict[str, float]:
     )
     b = torch.tensor([medians[k] for k in keys], dtype=torch.float64)[:, None]
     t0, row, wide, attend = torch.linalg.lstsq(a, b).solution[:, 0].tolist()
-    return {"t0_ms": t0, "ROW_COST": row / t0, "WIDE_ROW_COST": wide / t0, "ATTEND_COST": attend / t0}
+    return {
+        "t0_ms": t0,
+        "ROW_COST": row / t0,
+        "WIDE_ROW_COST": wide / t0,
+        "ATTEND_COST": attend / t0,
+    }
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ from pellucid.engine.model_runner import _decode_batch
 from pellucid.models import build_model, kernels, layers
 from pellucid.models.paged_attention import (
     attend_causal,
-    attention_mask,
     attend_causal_explicit,
+    attention_mask,
     causal_bias,
     decode_attention,
     decode_attention_bucketed,

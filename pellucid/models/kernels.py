@@ -29,7 +29,9 @@ from pellucid.weights.cache import cache_root
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the libraries' names, not compiled
-OPS_SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "rowdot.c", "decode_attention.c")]
+OPS_SOURCES = [
+    Path(__file__).with_name(name) for name in ("ops.cpp", "rowdot.c", "decode_attention.c")
+]
 log = logging.getLogger("pellucid")
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int

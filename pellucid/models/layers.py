@@ -70,7 +70,8 @@ class Attention(nn.Module):
             self.q_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
             self.k_norm = self.norm_class(cfg.head_dim, cfg.norm_eps)
         self.qk_norm = cfg.qk_norm
-        self.decode_kernel = False  # decode rows by decode_attention.c (LlamaModel.use_decode_kernel)
+        # decode rows by decode_attention.c: set by LlamaModel.use_decode_kernel
+        self.decode_kernel = False
 
     def output_bias(self, cfg: ModelConfig) -> bool:
         return False  # Qwen2's biases are on Q/K/V only
