@@ -121,6 +121,32 @@ def test_greedy_output_is_the_same_with_drafts_on_the_tiny_model(tiny):
     assert drafted.timings.decode_tokens == plain.timings.decode_tokens
 
 
+def test_no_guesses_beside_a_pre_fill_so_its_chunks_stay_where_they_were(tiny_path):
+    """Guesses would take rows from a pre-fill's chunk and move its bounds, and with them how
+    its prompt is rounded: a step that pre-fills carries none, and guessing resumes after."""
+    llm = LLM(tiny_path, dtype="float32", engine=EngineConfig(max_num_batched_tokens=16))
+    engine, forced = llm.engine, SamplingParams(temperature=0, max_tokens=40, speculative=True)
+    looping = engine.add_request(llm.tokenizer.encode("abcabcabc hello hello"), forced)
+    while not looping.output_ids:  # until its prompt is in and it decodes
+        engine.step()
+    engine.add_request(llm.tokenizer.encode("a prompt of more than sixteen bytes"), forced)
+    batches = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: batches.append(schedule()) or batches[-1]
+    while engine.has_unfinished():
+        engine.step()
+    drafted_beside_pre_fill = drafted_after = 0
+    for batch in batches:
+        drafts = sum(len(it.drafts) for it in batch.items)
+        if any(it.n_tokens - len(it.drafts) > 1 for it in batch.items):
+            drafted_beside_pre_fill += drafts
+        else:
+            drafted_after += drafts
+    assert sum(any(it.n_tokens > 1 and not it.drafts for it in b.items) for b in batches) >= 2
+    assert drafted_beside_pre_fill == 0
+    assert drafted_after > 0  # the rule held back guesses that were there to make
+
+
 @pytest.mark.parametrize("messages", [COPY, JSON_EDIT], ids=["paragraph", "json"])
 def test_greedy_output_is_the_same_with_drafts(any_llm, messages):
     ids = chat_ids(any_llm, messages)

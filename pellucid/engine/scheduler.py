@@ -61,6 +61,11 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         items: list[ScheduledSeq] = []
         spare_rows = DRAFT_ROWS - len(self.running)
+        if self.waiting or any(seq.num_pending > 1 for seq in self.running):
+            # No guesses beside a pre-fill: its step is bound by arithmetic, where no guess
+            # pays, and guesses would take rows from its chunk and move the chunk's bounds,
+            # which changes how its prompt is rounded (a greedy reply could change).
+            spare_rows = 0
         i = 0
         while i < len(self.running) and budget > 0:  # running first, oldest first
             seq = self.running[i]
