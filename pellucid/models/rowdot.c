@@ -42,7 +42,8 @@
 #define PASS 4
 #endif
 #define PAIR_ROWS 6 /* rows a pass over a pair of blocks: 2 x 6 sums, 2 x 6 accumulators */
-#define INT8_PASS 8  /* rows a pass over an int8 channel (VNNI) */
+#define INT8_PASS 4  /* rows one pass over an int8 channel takes (VNNI) */
+#define INT8_FOUR_ROWS 4 /* past those, rows a pass over 4 int8 channels: 16 accumulators */
 
 /* One group of 32 values from x[at] -> 32 int8 in q, scale amax / 127 in *d and in *s the sum
    of the rounded values times d (for the int4 weights' offsets m, which multiply the plain sum):
@@ -317,6 +318,44 @@ static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_
 #endif
 
 #ifdef ROWDOT_VNNI
+/* 4 int8 channels times R rows (R a constant where it is called), the channels read once for
+   all R: for passes past the first INT8_PASS rows, where the arithmetic is the bound. The same
+   unsigned rows and starting sums as int8_channel below, so the same results bit for bit. */
+static inline __attribute__((always_inline)) void
+int8_four_rows(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f, const int R,
+               float out[][4]) {
+    const int64_t groups = in_f / GROUP;
+    const __m256i top = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
+    __m256 acc[INT8_FOUR_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256i wv[4], start[4];
+        for (int c = 0; c < 4; c++) {
+            wv[c] = _mm256_loadu_si256((const __m256i *)(w + c * in_f + g * GROUP));
+            _mm_prefetch((const char *)(w + (c + 4) * in_f + g * GROUP), _MM_HINT_T0);
+            start[c] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, top, wv[c]));
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256i x = _mm256_xor_si256(
+                _mm256_loadu_si256((const __m256i *)(xq + r * in_f + g * GROUP)), top);
+            const __m256 scale = _mm256_set1_ps(dx[r * groups + g]);
+            for (int c = 0; c < 4; c++) {
+                const __m256 sum = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[c], x, wv[c]));
+                acc[r][c] = _mm256_fmadd_ps(sum, scale, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 4; c++) {
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]),
+                                  _mm256_extractf128_ps(acc[r][c], 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            out[r][c] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+}
+
 /* One int8 channel times R rows (R a constant where it is called), the channel read once for
    all R. vpdpbusd multiplies unsigned by signed bytes: the rows come made unsigned (xu = x +
    128, their top bits flipped) and each group's sum starts from minus 128 times the weights'
@@ -349,35 +388,25 @@ int8_channel(const int8_t *w, const uint8_t *xu, const float *dx, int64_t in_f, 
     }
 }
 
-/* int8_rows_mm with VNNI: INT8_PASS rows a pass over each channel. */
+/* int8_rows_mm with VNNI for up to INT8_PASS rows: one pass over each channel. */
 static void int8_channels_mm(const int8_t *weight, const uint16_t *scales, const int8_t *xq,
                              const float *dx, void *y, int y_bf16, int64_t n, int64_t out_f,
                              int64_t in_f) {
-    const int64_t groups = in_f / GROUP;
     uint8_t *xu = malloc(n * in_f);
     for (int64_t i = 0; i < n * in_f; i++)
         xu[i] = (uint8_t)xq[i] ^ 0x80;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < out_f; c++) {
         const int8_t *w = weight + c * in_f;
-        const float scale = bf16_to_float(scales[c]);
-        for (int64_t r0 = 0; r0 < n; r0 += INT8_PASS) {
-            float out[INT8_PASS];
-            const uint8_t *xr = xu + r0 * in_f;
-            const float *d = dx + r0 * groups;
-            switch (n - r0 < INT8_PASS ? n - r0 : INT8_PASS) {
-            case 1: int8_channel(w, xr, d, in_f, 1, out); break;
-            case 2: int8_channel(w, xr, d, in_f, 2, out); break;
-            case 3: int8_channel(w, xr, d, in_f, 3, out); break;
-            case 4: int8_channel(w, xr, d, in_f, 4, out); break;
-            case 5: int8_channel(w, xr, d, in_f, 5, out); break;
-            case 6: int8_channel(w, xr, d, in_f, 6, out); break;
-            case 7: int8_channel(w, xr, d, in_f, 7, out); break;
-            default: int8_channel(w, xr, d, in_f, INT8_PASS, out);
-            }
-            for (int64_t r = r0; r < n && r < r0 + INT8_PASS; r++)
-                store_value(y, r * out_f + c, out[r - r0] * scale, y_bf16);
+        float out[INT8_PASS];
+        switch (n) {
+        case 1: int8_channel(w, xu, dx, in_f, 1, out); break;
+        case 2: int8_channel(w, xu, dx, in_f, 2, out); break;
+        case 3: int8_channel(w, xu, dx, in_f, 3, out); break;
+        default: int8_channel(w, xu, dx, in_f, INT8_PASS, out);
         }
+        for (int64_t r = 0; r < n; r++)
+            store_value(y, r * out_f + c, out[r] * bf16_to_float(scales[c]), y_bf16);
     }
     free(xu);
 }
@@ -459,7 +488,28 @@ void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_
     const int8_t *xq = rows.q;
     const float *dx = rows.scale;
 #ifdef ROWDOT_VNNI
-    int8_channels_mm(weight, scales, xq, dx, y, y_bf16, n, out_f, in_f);
+    if (n <= INT8_PASS) { /* one pass over each channel: the matrix read in memory order */
+        int8_channels_mm(weight, scales, xq, dx, y, y_bf16, n, out_f, in_f);
+        free_rounded(rows);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < out_f; c += 4) /* more rows: four channels, INT8_FOUR_ROWS rows a pass */
+        for (int64_t r0 = 0; r0 < n; r0 += INT8_FOUR_ROWS) {
+            float out[INT8_FOUR_ROWS][4];
+            const int8_t *w = weight + c * in_f, *xr = xq + r0 * in_f;
+            const float *d = dx + r0 * groups;
+            switch (n - r0 < INT8_FOUR_ROWS ? n - r0 : INT8_FOUR_ROWS) {
+            case 1: int8_four_rows(w, xr, d, in_f, 1, out); break;
+            case 2: int8_four_rows(w, xr, d, in_f, 2, out); break;
+            case 3: int8_four_rows(w, xr, d, in_f, 3, out); break;
+            default: int8_four_rows(w, xr, d, in_f, INT8_FOUR_ROWS, out);
+            }
+            for (int64_t r = r0; r < n && r < r0 + INT8_FOUR_ROWS; r++)
+                for (int i = 0; i < 4; i++)
+                    store_value(y, r * out_f + c + i,
+                                out[r - r0][i] * bf16_to_float(scales[c + i]), y_bf16);
+        }
     free_rounded(rows);
     return;
 #endif
