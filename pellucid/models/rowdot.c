@@ -319,8 +319,9 @@ static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_
 
 #ifdef ROWDOT_VNNI
 /* 4 int8 channels times R rows (R a constant where it is called), the channels read once for
-   all R: for passes past the first INT8_PASS rows, where the arithmetic is the bound. The same
-   unsigned rows and starting sums as int8_channel below, so the same results bit for bit. */
+   all R: for more than INT8_PASS rows, where the arithmetic is the bound rather than the reads.
+   The same unsigned rows and starting sums as int8_channel below, so the same results bit for
+   bit. */
 static inline __attribute__((always_inline)) void
 int8_four_rows(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f, const int R,
                float out[][4]) {
