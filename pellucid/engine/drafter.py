@@ -43,10 +43,11 @@ CURSOR_WINDOW = 8
 # ROW_COST to the matrix products (and the LM head), up to FEW_ROWS rows, and WIDE_ROW_COST
 # past them; and every row reads its whole context's keys and values, ATTEND_COST a token
 # (fitted to SmolLM2 int4's steps of 1-8 rows at 64-2,048 tokens on an AVX-512 VNNI CPU,
-# `benchmarks/step_cost.py`: benchmarks/results/comments.md). So a guess costs little in a step of one or two rows at a
-# short context, and much of a step of its own in a wide batch: drafts pay there only when
-# almost every guess is taken. Fixed rather than measured as the engine runs: the same request
-# then drafts the same way every time, whatever a noisy neighbour does to one step.
+# `benchmarks/step_cost.py`: benchmarks/results/comments.md). So a guess costs little in a
+# step of one or two rows at a short context, and much of a step of its own in a wide batch:
+# drafts pay there only when almost every guess is taken. Fixed rather than measured as the
+# engine runs: the same request then drafts the same way every time, whatever a noisy
+# neighbour does to one step.
 ROW_COST = 0.1
 FEW_ROWS = 4
 WIDE_ROW_COST = 0.25

@@ -495,7 +495,7 @@ void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < out_f; c += 4) /* more rows: four channels, INT8_FOUR_ROWS rows a pass */
+    for (int64_t c = 0; c < out_f; c += 4) /* more rows: 4 channels, INT8_FOUR_ROWS rows a pass */
         for (int64_t r0 = 0; r0 < n; r0 += INT8_FOUR_ROWS) {
             float out[INT8_FOUR_ROWS][4];
             const int8_t *w = weight + c * in_f, *xr = xq + r0 * in_f;
