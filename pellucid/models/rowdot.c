@@ -64,6 +64,12 @@ static inline float max8(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
+static inline float sum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 static inline void quantize_group(const void *x, int64_t at, int bf16, int8_t *q, float *d,
                                   float *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -270,11 +276,8 @@ static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx,
             acc[c] = _mm256_fmadd_ps(sum, scale, acc[c]);
         }
     }
-    for (int c = 0; c < 4; c++) {
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[c] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    }
+    for (int c = 0; c < 4; c++)
+        out[c] = sum8(acc[c]);
 }
 #else
 /* The same products in plain C, for CPUs without AVX2 (tests; rowdot.py does not pick these
@@ -318,15 +321,22 @@ static void int8_four(const int8_t *w, const int8_t *xq, const float *dx, int64_
 #endif
 
 #ifdef ROWDOT_VNNI
+/* vpdpbusd multiplies unsigned by signed bytes: the rows come made unsigned (xu = x + 128,
+   their top bits flipped, int8_vnni_mm) and each group's sum starts from minus 128 times the
+   weights' sums (this), so each product is one instruction with no sign fix-up. Each lane's
+   integer sum is the one int8_four makes, scaled and added in the same order. */
+static inline __m256i minus_128_sums(__m256i w) {
+    const __m256i zero = _mm256_setzero_si256();
+    return _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, _mm256_set1_epi8((char)0x80), w));
+}
+
 /* 4 int8 channels times R rows (R a constant where it is called), the channels read once for
    all R: for more than INT8_PASS rows, where the arithmetic is the bound rather than the reads.
-   The same unsigned rows and starting sums as int8_channel below, so the same results bit for
-   bit. */
+   The same sums as int8_channel below, so the same results bit for bit. */
 static inline __attribute__((always_inline)) void
-int8_four_rows(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f, const int R,
+int8_four_rows(const int8_t *w, const uint8_t *xu, const float *dx, int64_t in_f, const int R,
                float out[][4]) {
     const int64_t groups = in_f / GROUP;
-    const __m256i top = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
     __m256 acc[INT8_FOUR_ROWS][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
@@ -336,11 +346,10 @@ int8_four_rows(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
         for (int c = 0; c < 4; c++) {
             wv[c] = _mm256_loadu_si256((const __m256i *)(w + c * in_f + g * GROUP));
             _mm_prefetch((const char *)(w + (c + 4) * in_f + g * GROUP), _MM_HINT_T0);
-            start[c] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, top, wv[c]));
+            start[c] = minus_128_sums(wv[c]);
         }
         for (int r = 0; r < R; r++) {
-            const __m256i x = _mm256_xor_si256(
-                _mm256_loadu_si256((const __m256i *)(xq + r * in_f + g * GROUP)), top);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xu + r * in_f + g * GROUP));
             const __m256 scale = _mm256_set1_ps(dx[r * groups + g]);
             for (int c = 0; c < 4; c++) {
                 const __m256 sum = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start[c], x, wv[c]));
@@ -349,66 +358,79 @@ int8_four_rows(const int8_t *w, const int8_t *xq, const float *dx, int64_t in_f,
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < 4; c++) {
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][c]),
-                                  _mm256_extractf128_ps(acc[r][c], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            out[r][c] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        }
+        for (int c = 0; c < 4; c++)
+            out[r][c] = sum8(acc[r][c]);
 }
 
 /* One int8 channel times R rows (R a constant where it is called), the channel read once for
-   all R. vpdpbusd multiplies unsigned by signed bytes: the rows come made unsigned (xu = x +
-   128, their top bits flipped) and each group's sum starts from minus 128 times the weights'
-   sums, so each product is one instruction with no sign fix-up. Each lane's integer sum is the
-   one int8_four makes, scaled and added in the same order. A row's result is the same bit for
-   bit alone or beside others: the few-row head's logits do not depend on its rows. One
-   channel at a time reads the matrix in memory order: four at once, interleaved, streamed at
-   half the rate, and two at once no faster (benchmarks/results/comments.md). */
+   all R. A row's result is the same bit for bit alone or beside others: the few-row head's
+   logits do not depend on its rows. One channel at a time reads the matrix in memory order:
+   four at once, interleaved, streamed at half the rate, and two at once no faster
+   (benchmarks/results/comments.md). */
 static inline __attribute__((always_inline)) void
 int8_channel(const int8_t *w, const uint8_t *xu, const float *dx, int64_t in_f, const int R,
              float out[]) {
     const int64_t groups = in_f / GROUP;
-    const __m256i top = _mm256_set1_epi8((char)0x80), zero = _mm256_setzero_si256();
     __m256 acc[INT8_PASS];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + g * GROUP));
-        const __m256i start = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, top, wv));
+        const __m256i start = minus_128_sums(wv);
         for (int r = 0; r < R; r++) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)(xu + r * in_f + g * GROUP));
             const __m256 sum = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start, x, wv));
             acc[r] = _mm256_fmadd_ps(sum, _mm256_set1_ps(dx[r * groups + g]), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) {
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    }
+    for (int r = 0; r < R; r++)
+        out[r] = sum8(acc[r]);
 }
 
-/* int8_rows_mm with VNNI for up to INT8_PASS rows: one pass over each channel. */
-static void int8_channels_mm(const int8_t *weight, const uint16_t *scales, const int8_t *xq,
-                             const float *dx, void *y, int y_bf16, int64_t n, int64_t out_f,
-                             int64_t in_f) {
+/* int8_rows_mm with VNNI: up to INT8_PASS rows in one pass over each channel (the matrix read
+   in memory order), more 4 channels and INT8_FOUR_ROWS rows a pass. */
+static void int8_vnni_mm(const int8_t *weight, const uint16_t *scales, const int8_t *xq,
+                         const float *dx, void *y, int y_bf16, int64_t n, int64_t out_f,
+                         int64_t in_f) {
+    const int64_t groups = in_f / GROUP;
     uint8_t *xu = malloc(n * in_f);
     for (int64_t i = 0; i < n * in_f; i++)
         xu[i] = (uint8_t)xq[i] ^ 0x80;
+    if (n <= INT8_PASS) {
 #pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < out_f; c++) {
-        const int8_t *w = weight + c * in_f;
-        float out[INT8_PASS];
-        switch (n) {
-        case 1: int8_channel(w, xu, dx, in_f, 1, out); break;
-        case 2: int8_channel(w, xu, dx, in_f, 2, out); break;
-        case 3: int8_channel(w, xu, dx, in_f, 3, out); break;
-        default: int8_channel(w, xu, dx, in_f, INT8_PASS, out);
+        for (int64_t c = 0; c < out_f; c++) {
+            const int8_t *w = weight + c * in_f;
+            float out[INT8_PASS];
+            switch (n) {
+            case 1: int8_channel(w, xu, dx, in_f, 1, out); break;
+            case 2: int8_channel(w, xu, dx, in_f, 2, out); break;
+            case 3: int8_channel(w, xu, dx, in_f, 3, out); break;
+            default: int8_channel(w, xu, dx, in_f, INT8_PASS, out);
+            }
+            for (int64_t r = 0; r < n; r++)
+                store_value(y, r * out_f + c, out[r] * bf16_to_float(scales[c]), y_bf16);
         }
-        for (int64_t r = 0; r < n; r++)
-            store_value(y, r * out_f + c, out[r] * bf16_to_float(scales[c]), y_bf16);
+        free(xu);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < out_f; c += 4)
+        for (int64_t r0 = 0; r0 < n; r0 += INT8_FOUR_ROWS) {
+            float out[INT8_FOUR_ROWS][4];
+            const int8_t *w = weight + c * in_f;
+            const uint8_t *xr = xu + r0 * in_f;
+            const float *d = dx + r0 * groups;
+            switch (n - r0 < INT8_FOUR_ROWS ? n - r0 : INT8_FOUR_ROWS) {
+            case 1: int8_four_rows(w, xr, d, in_f, 1, out); break;
+            case 2: int8_four_rows(w, xr, d, in_f, 2, out); break;
+            case 3: int8_four_rows(w, xr, d, in_f, 3, out); break;
+            default: int8_four_rows(w, xr, d, in_f, INT8_FOUR_ROWS, out);
+            }
+            for (int64_t r = r0; r < n && r < r0 + INT8_FOUR_ROWS; r++)
+                for (int i = 0; i < 4; i++)
+                    store_value(y, r * out_f + c + i,
+                                out[r - r0][i] * bf16_to_float(scales[c + i]), y_bf16);
+        }
     free(xu);
 }
 
@@ -489,28 +511,7 @@ void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_
     const int8_t *xq = rows.q;
     const float *dx = rows.scale;
 #ifdef ROWDOT_VNNI
-    if (n <= INT8_PASS) { /* one pass over each channel: the matrix read in memory order */
-        int8_channels_mm(weight, scales, xq, dx, y, y_bf16, n, out_f, in_f);
-        free_rounded(rows);
-        return;
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < out_f; c += 4) /* more rows: 4 channels, INT8_FOUR_ROWS rows a pass */
-        for (int64_t r0 = 0; r0 < n; r0 += INT8_FOUR_ROWS) {
-            float out[INT8_FOUR_ROWS][4];
-            const int8_t *w = weight + c * in_f, *xr = xq + r0 * in_f;
-            const float *d = dx + r0 * groups;
-            switch (n - r0 < INT8_FOUR_ROWS ? n - r0 : INT8_FOUR_ROWS) {
-            case 1: int8_four_rows(w, xr, d, in_f, 1, out); break;
-            case 2: int8_four_rows(w, xr, d, in_f, 2, out); break;
-            case 3: int8_four_rows(w, xr, d, in_f, 3, out); break;
-            default: int8_four_rows(w, xr, d, in_f, INT8_FOUR_ROWS, out);
-            }
-            for (int64_t r = r0; r < n && r < r0 + INT8_FOUR_ROWS; r++)
-                for (int i = 0; i < 4; i++)
-                    store_value(y, r * out_f + c + i,
-                                out[r - r0][i] * bf16_to_float(scales[c + i]), y_bf16);
-        }
+    int8_vnni_mm(weight, scales, xq, dx, y, y_bf16, n, out_f, in_f);
     free_rounded(rows);
     return;
 #endif
