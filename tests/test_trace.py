@@ -71,20 +71,27 @@ def q_and_k_outputs(attn, model, ids: list[int]) -> dict:
     return got
 
 
+def expected_attention(model, ids: list[int], layer: int) -> torch.Tensor:
+    """softmax(QKᵀ·scale), causal, (H, n, n), from a plain full forward's Q and K."""
+    cfg, n = model.cfg, len(ids)
+    got = q_and_k_outputs(model.layers[layer].self_attn, model, ids)
+    cos, sin = rope_cos_sin(torch.arange(n), cfg.head_dim, cfg.rope_theta)
+    q = apply_rope(got["q"].view(1, n, cfg.n_heads, cfg.head_dim), cos, sin)[0]
+    k = apply_rope(got["k"].view(1, n, cfg.n_kv_heads, cfg.head_dim), cos, sin)[0]
+    k = k.repeat_interleave(cfg.n_heads // cfg.n_kv_heads, dim=1)  # GQA: (n, H, hd)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * cfg.scale
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+
+
 def test_attention_equals_softmax_of_models_own_q_and_k(traced, smollm2):
+    """The prompt's rows kept as it was pre-filled, the generated tokens' from the pass after
+    the answer: both the model's own."""
     t, model = traced.trace.trace, smollm2.model
-    cfg = model.cfg
     ids = traced.prompt_ids + traced.output_ids[:-1]  # every token that was a query
     T, n = len(traced.prompt_ids), len(ids)
     for layer in (0, 7):
-        got = q_and_k_outputs(model.layers[layer].self_attn, model, ids)
-        cos, sin = rope_cos_sin(torch.arange(n), cfg.head_dim, cfg.rope_theta)
-        q = apply_rope(got["q"].view(1, n, cfg.n_heads, cfg.head_dim), cos, sin)[0]
-        k = apply_rope(got["k"].view(1, n, cfg.n_kv_heads, cfg.head_dim), cos, sin)[0]
-        k = k.repeat_interleave(cfg.n_heads // cfg.n_kv_heads, dim=1)  # GQA: (n, H, hd)
-        scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * cfg.scale
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        expected = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (H, n, n)
+        expected = expected_attention(model, ids, layer)  # (H, n, n)
         amap = t.attention_for(layer)
         assert amap.heads == [0, 4]
         prompt = torch.tensor(amap.prompt)  # (2, T, T)
@@ -173,6 +180,35 @@ def test_a_cached_prompt_is_traced_whole(smollm2):
     want = torch.tensor(fresh.trace.trace.attention_for(5).prompt)[:, :T, :T]
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     assert (got.sum(-1) - 1).abs().max() < 1e-4  # every row a distribution
+
+
+def test_a_prompt_pre_filled_in_chunks_beside_another_is_traced_as_it_runs(smollm2):
+    """A prompt longer than a step's budget is pre-filled in chunks, each sharing its step
+    with another request's: each chunk keeps its own attention rows and lens as it runs, equal
+    to the model's own."""
+    text = "The lighthouse keeper wrote down every ship that passed in the night. " * 3
+    other = "Name three colours of the rainbow:"
+    plain = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    options = TraceOptions(attention_layers=[3], logit_lens=True)
+    traced = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, trace=options)
+    config = smollm2.engine.config
+    budget, config.max_num_batched_tokens = config.max_num_batched_tokens, 16
+    try:
+        seq, _ = run(smollm2, [text, other], [traced, plain])
+    finally:
+        config.max_num_batched_tokens = budget
+    t = seq.trace.trace
+    T = len(seq.prompt_ids)
+    assert len(t.prefill.chunks) >= 3
+    assert any(c.batch_tokens > c.tokens for c in t.prefill.chunks)  # a step shared
+    ids = seq.prompt_ids + seq.output_ids[:-1]
+    assert seq.trace.missing(T) == []  # the whole prompt was kept in flight
+    assert seq.trace.missing(len(ids)) == []  # and the pass after the answer did the rest
+    expected = expected_attention(smollm2.model, ids, 3)
+    got = torch.tensor(t.attention_for(3).prompt)
+    torch.testing.assert_close(got, expected[:, :T, :T], atol=1e-4, rtol=0)
+    probs = torch.softmax(smollm2.logits(seq.prompt_ids), -1)[-1]
+    assert t.steps[0].lens[-1].top[0].id == int(probs.argmax()) == seq.output_ids[0]
 
 
 def test_bad_trace_options_fail_when_the_request_is_added(smollm2):

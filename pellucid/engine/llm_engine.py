@@ -183,17 +183,20 @@ class LLMEngine:
         return out
 
     def _analyse(self, seq: Sequence) -> None:
-        """A finished traced request's attention and logit lens, if its trace asks for them:
-        one pass over its positions (ModelRunner.analyse), timed on the trace."""
+        """A finished traced request's attention and logit lens, if its trace asks for them,
+        at the positions its pre-fill did not keep in flight (its decode steps', a prefix-cache
+        hit's): one pass over them (ModelRunner.analyse), timed on the trace."""
         rec = seq.trace
         assert rec is not None
-        layers, lens = rec.options.attention_layers, rec.options.logit_lens
-        if not layers and not lens:
+        if not rec.wants_pass:
             return
         start = time.perf_counter()
-        lens_from = len(seq.prompt_ids) - 1 if lens else None  # the first token's row
-        for first, attention, hidden in self.model_runner.analyse(seq, layers, lens_from):
-            rec.keep_pass(first, attention, hidden, lens_from)
+        spans = rec.missing(seq.num_computed)
+        layers = rec.options.attention_layers
+        for first, n, attention, hidden in self.model_runner.analyse(
+            seq, spans, layers, rec.lens_from
+        ):
+            rec.keep_pass(first, n, attention, hidden)
         rec.end_pass(time.perf_counter() - start)
 
     def _release(self, seq: Sequence) -> None:

@@ -28,7 +28,14 @@ from pellucid.engine.probes import Probe
 from pellucid.engine.sampler import sample
 from pellucid.engine.scheduler import Batch, ScheduledSeq
 from pellucid.engine.sequence import Sequence
-from pellucid.engine.trace_hooks import after_forward, keep_patterns, pattern_layers, traced_items
+from pellucid.engine.trace_hooks import (
+    after_forward,
+    hand_prefills,
+    keep_patterns,
+    mark_prefills,
+    pattern_layers,
+    traced_items,
+)
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
 from pellucid.models.quant import DENSE_ROWS, make_dense
@@ -77,8 +84,9 @@ class ModelRunner:
         traced = traced_items(batch)  # [] unless a request asked for a trace
         captured = traced_items(batch, lambda seq: seq.capture is not None)
         ctx.capture_attention.update(pattern_layers(captured))
+        marked = mark_prefills(traced, ctx)  # a trace's pre-fill chunks keep a little in flight
         # interventions and captures look inside the forward: the eager step. A trace reads
-        # only what the compiled step returns (its attention and lens come later: analyse)
+        # only what the compiled step returns (what its decode rows saw comes later: analyse)
         inside = bool(ctx.capture_attention) or ctx.probe is not None
         flat = [r for rows in draft_rows for r in rows]
         logits = self.logits(ids, positions, ctx, last_rows + flat, whole_graph=not inside)
@@ -97,22 +105,27 @@ class ModelRunner:
             drafts = _split_rows(after_drafts, draft_rows)
         if traced:
             after_forward(traced, logits, token_ids)
+            hand_prefills(marked, ctx)
         keep_patterns(ctx, captured)
         return StepResult(token_ids, logprobs, time.perf_counter() - start, drafts)
 
     @torch.inference_mode()
     def analyse(
-        self, seq: Sequence, layers: list[int], lens_from: int | None
-    ) -> Iterator[tuple[int, dict[int, Tensor], Tensor | None]]:
-        """A pass over the positions `seq` has computed, a chunk at a time, that keeps the
-        attention probabilities at `layers` and each layer's hidden state from position
-        `lens_from` on (None: none): what a trace shows of a request once it is done, its steps
-        having run untouched. Per chunk: (its first position, layer -> probs (heads, q_len,
-        ctx), hidden (rows, layers, dim) or None). The chunk's K and V are put back as they
-        were: the cache keeps what the request's own steps wrote."""
-        n = seq.num_computed
-        for start in range(0, n, ANALYSIS_ROWS):
-            rows = min(ANALYSIS_ROWS, n - start)
+        self, seq: Sequence, spans: list[tuple[int, int]], layers: list[int], lens_from: int | None
+    ) -> Iterator[tuple[int, int, dict[int, Tensor], Tensor | None]]:
+        """A pass over `seq`'s positions in `spans` ([start, end) ranges of positions it has
+        computed), a chunk at a time, that keeps the attention probabilities at `layers` and
+        each layer's hidden state from position `lens_from` on (None: none): what a trace shows
+        of a request's decode steps once it is done, those steps having run compiled. Per chunk:
+        (its first position, its length, layer -> probs (heads, q_len, ctx), hidden (rows,
+        layers, dim) or None). The chunk's K and V are put back as they were: the cache keeps
+        what the request's own steps wrote."""
+        chunks = [
+            (start, min(ANALYSIS_ROWS, end - start))
+            for first, end in spans
+            for start in range(first, end, ANALYSIS_ROWS)
+        ]
+        for start, rows in chunks:
             item = ScheduledSeq(seq, rows, samples=False, start=start)
             ids, positions, ctx, _, _ = self.prepare(Batch([item]))
             ctx.capture_attention.update(layers)
@@ -122,7 +135,7 @@ class ModelRunner:
                 self.model.hidden_states(ids[None], positions, ctx)
             attention = {layer: ctx.attention[layer][0][0] for layer in layers}
             hidden = torch.stack(ctx.layer_hidden, 1) if ctx.layer_hidden else None
-            yield start, attention, hidden
+            yield start, rows, attention, hidden
 
     def logits(
         self,
@@ -193,7 +206,7 @@ class ModelRunner:
         probe: Probe | None = None  # made when a request of the step needs one
         for it in batch.items:
             seq, row = it.seq, len(ids)
-            start = seq.num_computed if it.start is None else it.start
+            start = it.first
             end = start + it.n_tokens
             if seq.params.interventions or seq.capture is not None:
                 probe = probe or Probe()

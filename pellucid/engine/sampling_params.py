@@ -15,9 +15,9 @@ class TraceOptions:
     """What a traced request records beyond tokens, timings, sampling stages and KV use.
 
     The request's steps run as an untraced one's would. Attention and the logit lens need the
-    inside of the forward pass: they come from one more pass over its positions once it is done
-    (explicit attention probabilities at the chosen layers, each layer's hidden state; an LM-head
-    pass per layer when read), so they are asked for separately.
+    inside of the forward pass: its pre-fill keeps the queries at the chosen layers and each
+    layer's hidden state as it runs, and the positions it decoded get one more pass once it is
+    done (an LM-head pass per layer for the lens when read), so they are asked for separately.
     """
 
     top_k: int = 5  # alternatives kept after each sampling stage

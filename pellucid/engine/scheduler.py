@@ -33,6 +33,11 @@ class ScheduledSeq:
     # (a trace's analysis pass, ModelRunner.analyse)
     start: int | None = None
 
+    @property
+    def first(self) -> int:
+        """Its first position this step (until the scheduler counts the step)."""
+        return self.seq.num_computed if self.start is None else self.start
+
 
 @dataclass(slots=True)
 class Batch:

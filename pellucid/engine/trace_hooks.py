@@ -2,14 +2,17 @@
 The calls, by caller:
 
     ModelRunner.run:   traced = traced_items(batch)                 # [] when nobody asked
+                       marked = mark_prefills(traced, ctx)          # before the forward
                        after_forward(traced, logits, token_ids)     # keep the drawn logits rows
+                       hand_prefills(marked, ctx)                   # attention, lens in flight
                        keep_patterns(ctx, captured)                 # LLM.run_with_cache's
     LLMEngine.step:    end_step(batch, seconds)                     # timings, KV use
-    LLMEngine._analyse: ModelRunner.analyse(seq, ...)               # once done: attention, lens
+    LLMEngine._analyse: ModelRunner.analyse(seq, ...)               # once done: the rest
 
-A traced request's steps run as anyone's do (compiled); what needs the inside of the forward
-(attention probabilities, each layer's hidden state for the logit lens) comes from one more pass
-over its positions when it is done.
+A traced request's steps run as anyone's do (decode steps compiled). What needs the inside of the
+forward (attention probabilities, each layer's hidden state for the logit lens) is kept as its
+pre-fill chunks run (eager steps anyway: its queries and a few rows, the probabilities worked out
+after the step), and comes from one more pass, once it is done, for the positions it decoded.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from pellucid.engine.probes import hook_name, pattern_layer
@@ -25,6 +29,7 @@ from pellucid.engine.scheduler import Batch, ScheduledSeq
 from pellucid.engine.sequence import Sequence
 from pellucid.engine.trace_recorder import StepFacts
 from pellucid.models.context import ForwardContext
+from pellucid.models.paged_attention import prefill_probs
 
 
 @dataclass(slots=True)
@@ -72,7 +77,47 @@ def after_forward(traced: list[TracedItem], logits: Tensor | None, token_ids: li
             seq.trace.keep_token(logits[t.sample_row], token_ids[t.sample_row], seq.sampler_state)
     elapsed = time.perf_counter() - start
     for t in traced:
-        t.item.seq.trace.capture_s = elapsed
+        t.item.seq.trace.capture_s += elapsed
+
+
+def mark_prefills(traced: list[TracedItem], ctx: ForwardContext) -> list[TracedItem]:
+    """The traced pre-fill chunks whose trace wants attention or the lens, marked to keep what
+    those need as the step runs: their queries at the trace's layers, and (in
+    ctx.capture_hidden_rows) their rows from the lens's first on. For hand_prefills."""
+    marked, rows = [], []
+    for t in traced:
+        rec = t.item.seq.trace
+        if t.prefill_index is None or not rec.wants_pass:
+            continue
+        marked.append(t)
+        layers = frozenset(rec.options.attention_layers)
+        ctx.prefills[t.prefill_index].keep_query_layers = layers
+        if rec.lens_from is not None:
+            skip = max(rec.lens_from - t.item.first, 0)  # positions before the lens's first
+            rows += range(t.first_row + skip, t.first_row + t.item.n_tokens)
+    if rows:
+        ctx.capture_hidden_rows = torch.tensor(rows)
+    return marked
+
+
+def hand_prefills(marked: list[TracedItem], ctx: ForwardContext) -> None:
+    """After the forward: each marked chunk's attention probabilities (worked out now from its
+    queries and the cache) and hidden rows to its recorder, the time taken charged to it."""
+    start = time.perf_counter()
+    hidden = torch.stack(ctx.layer_hidden, 1) if ctx.layer_hidden else None  # (rows, L, dim)
+    at = 0
+    for t in marked:
+        rec, first, n = t.item.seq.trace, t.item.first, t.item.n_tokens
+        layers = rec.options.attention_layers
+        attention = {layer: prefill_probs(ctx, layer, t.prefill_index) for layer in layers}
+        mine = None
+        if rec.lens_from is not None and hidden is not None:
+            rows = first + n - max(rec.lens_from, first)
+            mine, at = hidden[at : at + max(rows, 0)], at + max(rows, 0)
+        rec.keep_pass(first, n, attention, mine)
+    elapsed = time.perf_counter() - start
+    for t in marked:
+        t.item.seq.trace.capture_s += elapsed
 
 
 def end_step(batch: Batch, seconds: float) -> None:

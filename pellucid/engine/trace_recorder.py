@@ -1,8 +1,8 @@
 """Recorder: fills one traced request's `Trace` from what the engine's hooks (trace_hooks.py)
 hand it: the logits row of each drawn token (`keep_token`), the facts of each step (`end_step`),
-and, once the request is done, the attention and hidden states of one pass over its positions
-(`keep_pass`). `recorder.trace` gives the records; stages, logit lens and attention lists are
-worked out when it is read.
+and the attention and hidden states of its positions (`keep_pass`): a pre-fill chunk's as it
+runs, the rest from one pass once the request is done (`missing` says which). `recorder.trace`
+gives the records; stages, logit lens and attention lists are worked out when it is read.
 """
 
 from __future__ import annotations
@@ -83,6 +83,11 @@ class Recorder:
         self.options, self.tokenizer, self.model = options, tokenizer, model
         self.heads = options.attention_heads or list(range(cfg.n_heads))
         T = len(prompt_ids)
+        # the position whose hidden states read the first token's lens (the prompt's last),
+        # then each drawn token's; None: no lens asked for
+        self.lens_from = T - 1 if options.logit_lens else None
+        # attention or the lens need the inside of the forward pass at its positions
+        self.wants_pass = bool(options.attention_layers) or options.logit_lens
         self._trace = Trace(
             model=model_info(model, name),
             sampling=_as_given(params),
@@ -111,6 +116,7 @@ class Recorder:
         self._raw: dict[int, _Raw] = {}  # step index -> its tensors, until read
         self._attention: list[tuple[int, int, Tensor]] = []  # (layer, first position, probs)
         self._lens: dict[int, Tensor] = {}  # step index -> (layers, dim) hidden, until read
+        self._passed: list[tuple[int, int]] = []  # position ranges handed to keep_pass
         self.capture_s = 0.0  # recording time inside this step's forward, to leave out of it
 
     @property
@@ -119,10 +125,12 @@ class Recorder:
         for index, raw in self._raw.items():
             self._analyse(self._trace.steps[index], raw)
         self._raw.clear()
-        for index, hidden in self._lens.items():
-            self._trace.steps[index].lens = self._lens_of(hidden)
-        self._lens.clear()
-        for layer, first_pos, probs in self._attention:
+        steps = self._trace.steps
+        for index in [i for i in self._lens if i < len(steps)]:
+            steps[index].lens = self._lens_of(self._lens.pop(index))
+        # in position order: a decode step's row is appended after the one before it, and
+        # a chunk kept in flight can come before an earlier one from the pass at the end
+        for layer, first_pos, probs in sorted(self._attention, key=lambda a: a[1]):
             self._fill_attention(self._trace.attention_for(layer), first_pos, probs)
         self._attention.clear()
         return self._trace
@@ -196,23 +204,29 @@ class Recorder:
         self._pending = (token_id, _Raw(logits.clone(), _snapshot(state)))
 
     def keep_pass(
-        self,
-        first_pos: int,
-        attention: dict[int, Tensor],
-        hidden: Tensor | None,
-        lens_from: int | None,
+        self, first_pos: int, n: int, attention: dict[int, Tensor], hidden: Tensor | None
     ) -> None:
-        """A chunk of the pass over the finished request's positions (ModelRunner.analyse):
-        layer -> probs (heads, q_len, ctx) of its queries from first_pos on, and hidden
-        (rows, layers, dim) of its positions from max(first_pos, lens_from) on. The token of
-        step i was drawn at position lens_from + i (the prompt's last, then each token's)."""
+        """The inside of the forward pass at positions [first_pos, first_pos + n): layer ->
+        probs (heads, n, ctx) of their queries, and hidden (rows, layers, dim) of those from
+        max(first_pos, lens_from) on. The token of step i was drawn at position lens_from + i
+        (the prompt's last, then each token's)."""
         for layer, probs in attention.items():
-            self._attention.append((layer, first_pos, probs[self.heads]))  # a copy
-        if hidden is not None and lens_from is not None:
-            first_step = max(first_pos, lens_from) - lens_from
+            mine = probs if self.heads == list(range(len(probs))) else probs[self.heads]  # a copy
+            self._attention.append((layer, first_pos, mine))
+        if hidden is not None and self.lens_from is not None:
+            first_step = max(first_pos, self.lens_from) - self.lens_from
             for row, index in enumerate(range(first_step, first_step + len(hidden))):
-                if index < len(self._trace.steps):
-                    self._lens[index] = hidden[row]
+                self._lens[index] = hidden[row]  # step `index` may not be recorded yet
+        self._passed.append((first_pos, first_pos + n))
+
+    def missing(self, n: int) -> list[tuple[int, int]]:
+        """The ranges of positions [0, n) that no keep_pass has covered, in order."""
+        out, at = [], 0
+        for start, end in sorted(self._passed):
+            if start > at:
+                out.append((at, min(start, n)))
+            at = max(at, end)
+        return [(a, b) for a, b in out + [(at, n)] if a < b]
 
     # --- analysis, when the trace is read -------------------------------------------------
     def _analyse(self, step: Step, raw: _Raw) -> None:
@@ -241,7 +255,7 @@ class Recorder:
             pos = first_pos + q
             if pos < T:
                 for h, row in enumerate(probs[:, q, :T].tolist()):
-                    amap.prompt[h][pos] = row
+                    amap.prompt[h][pos][: len(row)] = row  # a chunk's keys end at its last
             elif pos - T == len(amap.steps):  # the query row of a decode step
                 amap.steps.append(probs[:, q, : pos + 1].tolist())
 

@@ -30,6 +30,8 @@ class PrefillSlice:
     length: int
     ctx_len: int  # tokens in its cache once this chunk is written (earlier chunks + this one)
     block_table: Tensor  # (n_blocks,) int64: where its tokens live in the pool
+    # a traced chunk's layers whose queries are kept (ForwardContext.queries); empty: none
+    keep_query_layers: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -65,6 +67,10 @@ class ForwardContext:
     # rows, one (B, heads, 1, max_len) for all of them.
     capture_attention: set[int] = field(default_factory=set)
     attention: dict[int, list[Tensor]] = field(default_factory=dict)
+    # layer -> (slice index -> the queries (heads, length, hd) of a slice keeping them, the
+    # layer's window and scale): a trace works out their attention probabilities after the step
+    # (paged_attention.prefill_probs), so the step itself runs its fused kernels
+    queries: dict[int, dict[int, tuple[Tensor, int | None, float]]] = field(default_factory=dict)
     # Rows whose hidden state is kept after every layer (for the logit lens); None: none are.
     capture_hidden_rows: Tensor | None = None
     layer_hidden: list[Tensor] = field(default_factory=list)  # per layer (len(rows), dim)

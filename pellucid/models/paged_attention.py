@@ -59,12 +59,34 @@ def attend(
     """
     if keep is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1).float(), v.repeat_interleave(group, dim=1).float()
-    scores = (q.float() @ k.transpose(-1, -2)) * scale
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    probs = probabilities(q, k, mask, scale)
     keep.append(probs)
-    return (probs @ v).to(q.dtype)
+    group = q.shape[1] // k.shape[1]
+    return (probs @ v.repeat_interleave(group, dim=1).float()).to(q.dtype)
+
+
+def probabilities(q: Tensor, k: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """softmax(q·kᵀ·scale + mask) in float32: q (B, H, T, hd), k (B, Hkv, S, hd) -> (B, H, T, S)."""
+    B, H, T = q.shape[:3]
+    S = k.shape[2]
+    k = k.repeat_interleave(H // k.shape[1], dim=1).float().flatten(0, 1)  # (B*H, S, hd)
+    bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # 0 or -inf
+    bias = bias.expand(B, H, T, S).reshape(B * H, T, S)  # a view for a mask shared by heads
+    # the mask added by the product itself (its starting sum): no second pass over T x S
+    scores = torch.baddbmm(bias, (q.float() * scale).flatten(0, 1), k.transpose(-1, -2))
+    return scores.softmax(-1).view(B, H, T, S)
+
+
+def prefill_probs(ctx: ForwardContext, layer: int, index: int) -> Tensor:
+    """The attention probabilities (heads, length, ctx_len) of pre-fill slice `index` at
+    `layer`, from the queries the step kept (ForwardContext.queries) and the keys it wrote to
+    the cache: what `attend` with `keep` would have found, worked out after the step."""
+    s = ctx.prefills[index]
+    q, window, scale = ctx.queries[layer][index]  # (H, length, hd)
+    keys = ctx.k_cache[layer].index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]
+    k_pos = torch.arange(s.ctx_len)
+    mask = attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
+    return probabilities(q[None], keys.transpose(0, 1)[None].to(q.dtype), mask, scale)[0]
 
 
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -113,8 +135,10 @@ def paged_attention(
     v_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
     keep = ctx.attention.setdefault(layer, []) if layer in ctx.capture_attention else None
     out = torch.empty_like(q)
-    for s in ctx.prefills:
+    for i, s in enumerate(ctx.prefills):
         rows = slice(s.start, s.start + s.length)
+        if layer in s.keep_query_layers:
+            ctx.queries.setdefault(layer, {})[i] = (q[rows].transpose(0, 1), window, scale)
         if s.ctx_len == s.length and window is None and keep is None:
             # Nothing cached before this chunk: its keys are this step's own, in the queries'
             # dtype already, so no gather from the pool.
