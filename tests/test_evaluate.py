@@ -1,5 +1,6 @@
 """`pellucid eval`: bits per byte and multiple-choice accuracy, against the same numbers worked
-out from the model's full-forward logits; malformed task files refused by file and line."""
+out from the model's full-forward logits; generation checks against the model's own greedy
+replies; malformed task files refused by file and line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import math
 
 import pytest
 
-from pellucid.train.evaluate import EvalError, bits_per_byte, multiple_choice, read_task
+from pellucid import SamplingParams
+from pellucid.train.evaluate import (
+    EvalError,
+    bits_per_byte,
+    generation,
+    multiple_choice,
+    read_generation_task,
+    read_task,
+)
 
 TEXT = "It was the best of times, it was the worst of times.\n" * 12
 
@@ -50,6 +59,55 @@ def test_multiple_choice_picks_the_likeliest_choice(tiny, tmp_path):
     assert (got.questions, got.acc, got.acc_norm) == (2, right / 2, right_norm / 2)
 
 
+def test_generation_checks_score_the_models_own_greedy_replies(tiny, tmp_path):
+    """Targets made from the model's own replies (cut where the check cuts them): one exact,
+    one whose target is part of its reply, one wrong, one cut by its stop string at once."""
+    prompts = ["It was the best", "It was the worst", "the age of"]
+    free = tiny.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    docs = [
+        {"prompt": prompts[0], "targets": ["no", free[0].text.strip()], "stop": ["\n"]},
+        {"prompt": prompts[1], "targets": [free[1].text.strip()[:3]]},  # contained, not equal
+        {"prompt": prompts[2], "targets": ["\u00e9t\u00e9 perdu"]},
+        # cut at its first character: an empty reply, which stopped
+        {"prompt": prompts[0], "targets": [""], "stop": [free[0].text[:1]]},
+    ]
+    path = tmp_path / "gen.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    got = generation(tiny, path, max_tokens=8)
+    replies = [
+        tiny.generate(
+            d["prompt"], SamplingParams(temperature=0, max_tokens=8, stop=d.get("stop", ["\n"]))
+        )[0]
+        for d in docs
+    ]
+    assert replies[3].text == "" and replies[3].finish_reason == "stop"
+    exact = sum(r.text.strip() in [t.strip() for t in d["targets"]] for r, d in zip(replies, docs))
+    stopped = sum(r.finish_reason == "stop" for r in replies)
+    assert got.questions == 4 and got.exact_match == exact / 4 and got.stopped == stopped / 4
+    contains = [
+        any(t.strip() and t.strip() in r.text for t in d["targets"]) for r, d in zip(replies, docs)
+    ]
+    assert got.contains == sum(contains) / 4
+    assert contains[1] and replies[1].text.strip() != docs[1]["targets"][0]  # in it, not equal
+    assert exact >= 2  # the first and the last check were built to be right
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"prompt": "p", "targets": []}\n', r"gen.jsonl:1: expected"),
+        ('{"prompt": "", "targets": ["a"]}\n', r"gen.jsonl:1: expected"),
+        ('{"prompt": "p", "targets": ["a"], "stop": [""]}\n', r"gen.jsonl:1: expected"),
+        ('{"prompt": "p", "targets": ["a"]}\n{"prompt"\n', r"gen.jsonl:2: not JSON"),
+    ],
+)
+def test_malformed_generation_files_are_refused_by_file_and_line(tmp_path, content, message):
+    path = tmp_path / "gen.jsonl"
+    path.write_text(content)
+    with pytest.raises(EvalError, match=message):
+        read_generation_task(path)
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -80,12 +138,15 @@ def test_the_eval_command_writes_its_table_and_json(tiny_path, tmp_path, capsys)
     text, task = tmp_path / "text.txt", tmp_path / "facts.jsonl"
     text.write_text(TEXT)
     task.write_text('{"question": "abc", "choices": ["d", "e"], "answer": 0}\n')
+    checks = tmp_path / "checks.jsonl"
+    checks.write_text('{"prompt": "abc", "targets": ["d"]}\n{"prompt": "x", "targets": ["y"]}\n')
     out = tmp_path / "eval.json"
     argv = ["eval", "--model", str(tiny_path), "--dtype", "float32", "--bpb", str(text)]
-    assert main([*argv, "--task", str(task), "--json", str(out)]) == 0
+    assert main([*argv, "--task", str(task), str(checks), "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert [r["kind"] for r in results] == ["BitsPerByte", "MultipleChoice"]
+    assert [r["kind"] for r in results] == ["BitsPerByte", "MultipleChoice", "Generation"]
     assert results[0]["bits_per_byte"] > 0 and results[1]["questions"] == 1
+    assert results[2]["questions"] == 2 and results[2]["chat"] is False
     assert "bits per byte" in capsys.readouterr().out
     assert main([*argv, "--task", str(tmp_path / "missing.jsonl")]) == 1  # one line, no traceback
     assert "missing.jsonl: no such task file" in capsys.readouterr().err
@@ -107,6 +168,29 @@ def test_bigbench_examples_become_questions_with_the_tasks_prefixes():
     ]
     with pytest.raises(ValueError, match="no multiple-choice examples"):
         to_questions({"name": "g", "examples": [{"input": "x", "target": "y"}]})
+
+
+def test_bigbench_generation_examples_become_few_shot_prompts():
+    from pellucid.train.bigbench import to_docs, to_prompts
+
+    task = {  # linguistic_mappings/plural_irregular_json's shape
+        "name": "plural",
+        "example_input_prefix": "Singular: ",
+        "example_output_prefix": ". Plural: ",
+        "few_shot_example_separator": ". ",
+        "examples": [
+            {"input": f"w{i}", "target": f"w{i}s" if i != 4 else ["w4s", "w4x"]} for i in range(5)
+        ],
+    }
+    got = to_prompts(task, shots=3)
+    shown = "Singular: w0. Plural: w0s. Singular: w1. Plural: w1s. Singular: w2. Plural: w2s. "
+    assert got == [
+        {"prompt": shown + "Singular: w3. Plural:", "targets": ["w3s"], "stop": ["\n", "."]},
+        {"prompt": shown + "Singular: w4. Plural:", "targets": ["w4s", "w4x"], "stop": ["\n", "."]},
+    ]
+    assert to_docs(task) == got  # no choices in it: its generation examples
+    with pytest.raises(ValueError, match="no examples with choices or targets"):
+        to_prompts({"name": "few", "examples": [{"input": "x", "target": "y"}]}, shots=3)
 
 
 @pytest.mark.parametrize("name", ["", "../../etc/passwd", "a//b", "./x"])

@@ -1,10 +1,12 @@
-"""BIG-bench's multiple-choice tasks as `pellucid eval` tasks: `--task bigbench:hindu_knowledge`.
+"""BIG-bench's tasks as `pellucid eval` tasks: `--task bigbench:hindu_knowledge`.
 
 The `bigbench==1.0.0` source archive on the package index holds every task's `task.json` (Apache
-2.0). Its examples give an `input` and `target_scores` (choice -> 1 if right); a question is the
-input between the task's prefixes (BIG-bench's defaults: "\\nQ: " and "\\nA: "), each choice a
-continuation that takes the last prefix's trailing space. The archive (~360 MB) is fetched once
-with pip into the cache, and a task, once read, is kept there as JSONL.
+2.0). Its examples give an `input` and either `target_scores` (choice -> 1 if right: a
+multiple-choice question) or `target` (the answer, or a list of accepted ones: a generation
+check). A question is the input between the task's prefixes (BIG-bench's defaults: "\\nQ: " and
+"\\nA: "), each choice a continuation that takes the last prefix's trailing space; a generation
+prompt ends with the last prefix, its trailing space dropped. The archive (~360 MB) is fetched
+once with pip into the cache, and a task, once read, is kept there as JSONL.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pellucid.weights.cache import cache_root
 PACKAGE = "bigbench==1.0.0"
 ARCHIVE = "bigbench-1.0.0.tar.gz"
 PREFIX = "bigbench:"
+SHOTS = 3  # answered examples before a generation prompt (BIG-bench's largest few-shot count)
 
 
 def task_file(name: str) -> Path:
-    """The JSONL of BIG-bench task `name` (its multiple-choice examples), made on first use.
+    """The JSONL of BIG-bench task `name` (its multiple-choice examples, or, in a task with
+    none, its generation examples), made on first use.
     A subtask is named by its folder too: `abstract_narrative_understanding/4_distractors`."""
     parts = name.split("/")
     if not name or any(p in ("", ".", "..") for p in parts):
@@ -33,7 +37,7 @@ def task_file(name: str) -> Path:
     if out.is_file():
         return out
     with atomic_path(out) as tmp:
-        tmp.write_text("".join(json.dumps(doc) + "\n" for doc in to_questions(read_task(name))))
+        tmp.write_text("".join(json.dumps(doc) + "\n" for doc in to_docs(read_task(name))))
     return out
 
 
@@ -48,6 +52,38 @@ def read_task(name: str) -> dict:
                 "bigbench/benchmark_tasks, e.g. hindu_knowledge, anachronisms)"
             ) from None
         return json.load(f)
+
+
+def to_docs(task: dict) -> list[dict]:
+    """A task's multiple-choice questions, or its generation checks if it has no questions."""
+    try:
+        return to_questions(task)
+    except ValueError:
+        return to_prompts(task)
+
+
+def to_prompts(task: dict, shots: int = SHOTS) -> list[dict]:
+    """BIG-bench examples with a `target` -> {"prompt", "targets", "stop"}: each prompt starts
+    with the task's first `shots` examples answered (joined by its separator, as BIG-bench
+    writes few-shot prompts; those examples are not asked), and a reply ends at the task's
+    stop string, else at its separator or a line break."""
+    before = task.get("example_input_prefix", "\nQ: ")
+    after = task.get("example_output_prefix", "\nA: ")
+    separator = task.get("few_shot_example_separator", "\n")
+    examples = []
+    for ex in task.get("examples", []):
+        target = ex.get("target")
+        targets = [target] if isinstance(target, str) else target
+        if targets and all(isinstance(t, str) for t in targets):
+            examples.append((f"{before}{ex['input']}{after}".lstrip("\n"), targets))
+    if len(examples) <= shots:
+        raise ValueError(f"bigbench:{task.get('name')}: no examples with choices or targets")
+    shown = "".join(q + targets[0] + separator for q, targets in examples[:shots])
+    stop = [task["stop_string"]] if task.get("stop_string") else [separator.strip() or "\n"]
+    return [
+        {"prompt": (shown + q).rstrip(" "), "targets": targets, "stop": sorted({*stop, "\n"})}
+        for q, targets in examples[shots:]
+    ]
 
 
 def to_questions(task: dict) -> list[dict]:

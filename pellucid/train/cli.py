@@ -84,7 +84,8 @@ def add_training_commands(commands: Any) -> None:
 
     ev = commands.add_parser(
         "eval",
-        help="bits per byte on held-out text, multiple-choice accuracy, BFCL tool calling",
+        help="bits per byte on held-out text, multiple-choice accuracy, generation checks, "
+        "BFCL tool calling",
     )
     ev.add_argument("--model", default=None, help="a catalog name, a folder or a .gguf file")
     ev.add_argument("--dtype", default="int4", help="int4 (the default path) or float32")
@@ -100,9 +101,16 @@ def add_training_commands(commands: Any) -> None:
         nargs="*",
         default=[],
         metavar="JSONL",
-        help="multiple-choice files (question, choices, answer a line), bigbench:NAME, or "
-        "bfcl:CATEGORY (simple, multiple, parallel, parallel_multiple, irrelevance)",
+        help="multiple-choice files (question, choices, answer a line), generation checks "
+        "(prompt, targets a line), bigbench:NAME (either kind), or bfcl:CATEGORY (simple, "
+        "multiple, parallel, parallel_multiple, irrelevance)",
     )
+    ev.add_argument(
+        "--chat",
+        action="store_true",
+        help="generation checks as user turns in the chat template, each reply to its own end",
+    )
+    ev.add_argument("--max-tokens", type=int, default=32, help="of a generation check's reply")
     ev.add_argument("--limit", type=int, help="each task's first N questions (default all)")
     ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
     ev.add_argument("--json", type=Path, help="write the results here")
@@ -123,10 +131,14 @@ def run_eval(args: argparse.Namespace) -> int:
     from pellucid.train import evaluate as ev
 
     for task in args.task:  # a malformed file or unknown task fails before the model loads
-        if not task.startswith(ev.bfcl.PREFIX):
-            ev.read_task(ev.task_path(task))
-        else:
+        if task.startswith(ev.bfcl.PREFIX):
             ev.bfcl.category(task.removeprefix(ev.bfcl.PREFIX))
+            continue
+        path = ev.task_path(task)
+        if ev.is_generation(path):
+            ev.read_generation_task(path)
+        else:
+            ev.read_task(path)
     llm = LLM(args.model, dtype=args.dtype)
     sources = ["shakespeare", "kjv"] if args.bpb is None else args.bpb
     results: list = []
@@ -139,14 +151,27 @@ def run_eval(args: argparse.Namespace) -> int:
         for task in args.task:
             bar = progress.add_task(task, total=ev.task_size(llm, task, args.limit))
             advance = functools.partial(progress.advance, bar)
-            run = ev.tool_calling if task.startswith(ev.bfcl.PREFIX) else ev.multiple_choice
-            results.append(run(llm, task, args.limit, advance))
+            if task.startswith(ev.bfcl.PREFIX):
+                results.append(ev.tool_calling(llm, task, args.limit, advance))
+            elif ev.is_generation(ev.task_path(task)):
+                results.append(
+                    ev.generation(llm, task, args.limit, advance, args.chat, args.max_tokens)
+                )
+            else:
+                results.append(ev.multiple_choice(llm, task, args.limit, advance))
     table = Table(title=f"pellucid eval: {llm.path.name} ({args.dtype})")
     for column in ("what", "on", "score", "over"):
         table.add_column(column)
     for r in results:
         if isinstance(r, ev.BitsPerByte):
             table.add_row("bits per byte", r.source, f"{r.bits_per_byte:.4f}", f"{r.bytes:,} bytes")
+        elif isinstance(r, ev.Generation):
+            table.add_row(
+                "exact / contains / stopped" + (" (chat)" if r.chat else ""),
+                r.task,
+                f"{r.exact_match:.3f} / {r.contains:.3f} / {r.stopped:.3f}",
+                f"{r.questions} prompts",
+            )
         elif isinstance(r, ev.ToolCalling):
             table.add_row(
                 "tool calls: valid / AST",

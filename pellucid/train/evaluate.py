@@ -8,13 +8,20 @@
   a BIG-bench task from its package (`bigbench:NAME`, bigbench.py): each
   choice scored by its log-likelihood after the question (`acc`) and per byte of the choice
   (`acc_norm`, lm-evaluation-harness's length normalization).
+- generation checks from JSONL (`{"prompt": ..., "targets": [...], "stop": [...]}` a line, stop
+  optional), or a BIG-bench task whose examples have a `target` instead of choices: greedy
+  replies, cut at a stop string (default: the first line break), scored by exact match with a
+  target (after trimming spaces) and by whether a target appears in the reply; `chat=True` asks
+  each prompt as a user turn in the model's chat template and lets the reply run to the model's
+  own end of turn, and the share of replies that ended on their own (not at max_tokens) says
+  whether it stops.
 - tool calling on BFCL v4 (`bfcl:simple`, `bfcl:multiple`, `bfcl:parallel`,
   `bfcl:parallel_multiple`, `bfcl:irrelevance`; bfcl.py): greedy replies to each question with
   its tools offered and the tool-call grammar on; valid calls, and AST accuracy by BFCL's own
   checker.
 
 Every pass is a request through the engine, many at a time: scoring requests
-(`LLM.prompt_logprobs`) for the first two, generation for tool calls. `advance(n)`, where a
+(`LLM.prompt_logprobs`) for the first two, generation for the checks and tool calls. `advance(n)`, where a
 function takes it, is told of each n units of work done (a progress bar).
 """
 
@@ -26,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pellucid.engine import SamplingParams
 from pellucid.errors import PellucidError
 from pellucid.llm import LLM
 from pellucid.train import bfcl, bigbench
@@ -53,6 +61,16 @@ class MultipleChoice:
     questions: int
     acc: float
     acc_norm: float
+
+
+@dataclass
+class Generation:
+    task: str
+    questions: int
+    exact_match: float  # replies equal to a target, spaces trimmed
+    contains: float  # replies with a target in them
+    stopped: float  # replies that ended on their own (end of turn, line break), not at max_tokens
+    chat: bool  # asked as a user turn in the chat template
 
 
 @dataclass
@@ -163,6 +181,44 @@ def multiple_choice(
     return MultipleChoice(task, len(docs), acc / len(docs), acc_norm / len(docs))
 
 
+def generation(
+    llm: LLM,
+    path: str | Path,
+    limit: int | None = None,
+    advance: Advance | None = None,
+    chat: bool = False,
+    max_tokens: int = 32,
+) -> Generation:
+    """Greedy replies to a generation task's prompts (JSONL, or `bigbench:NAME`), its first
+    `limit` (None: all), `max_tokens` each; `advance` counts replies. Without `chat` a reply is
+    cut at its stop strings; with it, the prompt is a user turn and the reply ends where
+    the model ends its turn."""
+    name = str(path)
+    path = task_path(path)
+    docs = read_generation_task(path)[:limit]
+    if chat:
+        prompts = [llm.chat_prompt([{"role": "user", "content": d["prompt"]}]) for d in docs]
+    else:
+        prompts = [llm.encode(d["prompt"]) for d in docs]
+    params = [
+        SamplingParams(temperature=0, max_tokens=max_tokens, stop=[] if chat else stops(d))
+        for d in docs
+    ]
+    exact = contains = stopped = 0
+    for at in range(0, len(docs), BATCH):
+        batch = slice(at, at + BATCH)
+        for doc, out in zip(docs[batch], llm.generate(prompts[batch], params[batch])):
+            reply, targets = out.text.strip(), [t.strip() for t in doc["targets"]]
+            exact += reply in targets
+            contains += any(t and t in reply for t in targets)
+            stopped += out.finish_reason == "stop"
+        if advance is not None:
+            advance(len(docs[at : at + BATCH]))
+    task = name if name.startswith(bigbench.PREFIX) else path.stem
+    n = len(docs)
+    return Generation(task, n, exact / n, contains / n, stopped / n, chat)
+
+
 def tool_calling(
     llm: LLM, spec: str, limit: int | None = None, advance: Advance | None = None
 ) -> ToolCalling:
@@ -189,21 +245,52 @@ def task_size(llm: LLM, spec: str, limit: int | None = None) -> int:
     """Units of work of a task, as its function counts them for `advance`."""
     if spec.startswith(bfcl.PREFIX):
         return len(bfcl.load(bfcl.category(spec.removeprefix(bfcl.PREFIX)), limit))
-    return sum(len(doc["choices"]) for doc in read_task(task_path(spec))[:limit])
+    path = task_path(spec)
+    if is_generation(path):
+        return len(read_generation_task(path)[:limit])
+    return sum(len(doc["choices"]) for doc in read_task(path)[:limit])
+
+
+def is_generation(path: Path) -> bool:
+    """Whether a task file holds generation checks (prompt, targets) rather than questions
+    with choices: by its first line's keys."""
+    _, first = _json_lines(path, "question, choices, answer, or prompt, targets a line")[0]
+    return isinstance(first, dict) and "targets" in first
+
+
+def read_generation_task(path: Path) -> list[dict]:
+    """A generation task's prompts and targets; EvalError naming the file and line of anything
+    malformed."""
+    docs = []
+    for n, doc in _json_lines(path, "prompt, targets a line"):
+        ok = (
+            isinstance(doc, dict)
+            and isinstance(doc.get("prompt"), str)
+            and doc["prompt"] != ""
+            and isinstance(doc.get("targets"), list)
+            and len(doc["targets"]) >= 1
+            and all(isinstance(t, str) for t in doc["targets"])
+            and isinstance(stops(doc), list)
+            and all(isinstance(t, str) and t for t in stops(doc))
+        )
+        if not ok:
+            raise EvalError(
+                f'{path}:{n}: expected {{"prompt": non-empty str, "targets": [1+ str], '
+                '"stop" (optional): [non-empty str]}'
+            )
+        docs.append(doc)
+    return docs
+
+
+def stops(doc: dict) -> list[str]:
+    """Where a generation check's reply ends (outside chat): its `stop`, else a line break."""
+    return doc.get("stop", ["\n"])
 
 
 def read_task(path: Path) -> list[dict]:
     """The task's questions; EvalError naming the file and line of anything malformed."""
-    if not path.is_file():
-        raise EvalError(f"{path}: no such task file (JSONL: question, choices, answer a line)")
     docs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, doc in _json_lines(path, "question, choices, answer a line"):
         ok = (
             isinstance(doc, dict)
             and isinstance(doc.get("question"), str)
@@ -219,11 +306,27 @@ def read_task(path: Path) -> list[dict]:
                 '"answer": index of the right choice}'
             )
         docs.append(doc)
-    if not docs:
-        raise EvalError(f"{path}: no questions in it")
     return docs
 
 
-def report(results: list[BitsPerByte | MultipleChoice | ToolCalling]) -> dict:
+def _json_lines(path: Path, holds: str) -> list[tuple[int, object]]:
+    """(line number, value) of each non-empty line of a JSONL task file; EvalError for a file
+    missing, empty, or with a line that is not JSON. `holds`: what its lines hold, to say so."""
+    if not path.is_file():
+        raise EvalError(f"{path}: no such task file (JSONL: {holds})")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{n}: not JSON ({e.msg})") from None
+    if not out:
+        raise EvalError(f"{path}: no questions in it")
+    return out
+
+
+def report(results: list[BitsPerByte | MultipleChoice | Generation | ToolCalling]) -> dict:
     """JSON-ready results."""
     return {"results": [{"kind": type(r).__name__, **asdict(r)} for r in results]}
