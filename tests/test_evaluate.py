@@ -236,3 +236,36 @@ def test_the_eval_command_runs_bfcl_with_the_grammar_on(smollm2_path, tmp_path, 
     assert "tool calls" in capsys.readouterr().out
     assert main([*argv, "--task", "bfcl:simplest"]) == 1  # before the model loads
     assert "no BFCL category 'simplest'" in capsys.readouterr().err
+
+
+def test_a_report_card_puts_a_trained_model_beside_another_on_the_same_tasks(
+    tiny_path, tmp_path, capsys
+):
+    """`pellucid eval --report --compare --training-run`: report.md's eval table holds each model's
+    figures as the JSON has them, the run's steps and loss curve, and sample chats for a model
+    with a chat template (the tiny model has none: no chats)."""
+    from helpers import prepare_tiny_corpus, tiny_config
+
+    from pellucid.cli import main
+    from pellucid.train.export import export_checkpoint
+    from pellucid.train.trainer import Trainer
+
+    prepare_tiny_corpus(tmp_path, "byte")
+    Trainer(tiny_config(tmp_path / "data", tmp_path / "run", max_iters=4), verbose=False).run()
+    model = export_checkpoint(tmp_path / "run", tmp_path / "model")
+    text, checks = tmp_path / "text.txt", tmp_path / "checks.jsonl"
+    text.write_text(TEXT)
+    checks.write_text('{"prompt": "It was", "targets": [" the"]}\n')
+    report, out = tmp_path / "card" / "report.md", tmp_path / "eval.json"
+    argv = ["eval", "--model", str(model), "--dtype", "float32", "--bpb", str(text)]
+    argv += ["--task", str(checks), "--report", str(report), "--compare", str(tiny_path)]
+    assert main([*argv, "--training-run", str(tmp_path / "run"), "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    mine, other = got["results"], got["compare"][str(tiny_path)]
+    card = report.read_text()
+    assert "## Training" in card and "- 4 steps, " in card
+    assert (report.parent / "loss.png").is_file() and "![loss](loss.png)" in card
+    bpb = f"| bits per byte: text.txt (lower is better) | {mine[0]['bits_per_byte']:.4f} | "
+    assert bpb + f"{other[0]['bits_per_byte']:.4f} |" in card
+    assert f"checks: exact / contains / stopped (1) | {mine[1]['exact_match']:.3f}" in card
+    assert "Sample chats" not in card  # neither model has a chat template

@@ -114,6 +114,24 @@ def add_training_commands(commands: Any) -> None:
     ev.add_argument("--limit", type=int, help="each task's first N questions (default all)")
     ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
     ev.add_argument("--json", type=Path, help="write the results here")
+    ev.add_argument(
+        "--report",
+        type=Path,
+        help="write a report card here (markdown): every model's eval table, sample chats",
+    )
+    ev.add_argument(
+        "--compare",
+        nargs="*",
+        default=None,
+        metavar="MODEL",
+        help="models measured beside it on the same tasks (default with --report: "
+        "smollm2-135m gemma3-270m)",
+    )
+    ev.add_argument(
+        "--training-run",
+        type=Path,
+        help="the --out folder of the run that trained it: the report's training part",
+    )
     ev.set_defaults(run=run_eval)
 
     export = commands.add_parser("export", help="training run -> HF model folder or .gguf file")
@@ -123,12 +141,9 @@ def add_training_commands(commands: Any) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-
     from pellucid.llm import LLM
     from pellucid.train import evaluate as ev
+    from pellucid.train import report
 
     for task in args.task:  # a malformed file or unknown task fails before the model loads
         if task.startswith(ev.bfcl.PREFIX):
@@ -139,7 +154,38 @@ def run_eval(args: argparse.Namespace) -> int:
             ev.read_generation_task(path)
         else:
             ev.read_task(path)
-    llm = LLM(args.model, dtype=args.dtype)
+    compare = args.compare
+    if compare is None:
+        compare = ["smollm2-135m", "gemma3-270m"] if args.report else []
+    cards, results = [], []
+    for name in [args.model, *compare]:  # one model loaded at a time
+        llm = LLM(name, dtype=args.dtype)
+        mine = _evaluate(llm, args)
+        _print_table(f"pellucid eval: {llm.path.name} ({args.dtype})", mine)
+        results.append(mine)
+        if args.report:
+            cards.append(report.card(llm.path.name, llm, mine))
+        del llm
+    if args.json:
+        out = ev.report(results[0])
+        out["compare"] = {name: ev.report(r)["results"] for name, r in zip(compare, results[1:])}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        print(
+            f"wrote {report.write_report(args.report, cards, args.training_run)}", file=sys.stderr
+        )
+    return 0
+
+
+def _evaluate(llm: Any, args: argparse.Namespace) -> list:
+    """Every measure `args` asks for, of one model, under a progress bar."""
+    from rich.progress import Progress
+
+    from pellucid.train import evaluate as ev
+
     sources = ["shakespeare", "kjv"] if args.bpb is None else args.bpb
     results: list = []
     with Progress(transient=True) as progress:
@@ -159,7 +205,16 @@ def run_eval(args: argparse.Namespace) -> int:
                 )
             else:
                 results.append(ev.multiple_choice(llm, task, args.limit, advance))
-    table = Table(title=f"pellucid eval: {llm.path.name} ({args.dtype})")
+    return results
+
+
+def _print_table(title: str, results: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pellucid.train import evaluate as ev
+
+    table = Table(title=title)
     for column in ("what", "on", "score", "over"):
         table.add_column(column)
     for r in results:
@@ -187,11 +242,6 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"{r.questions} questions",
             )
     Console().print(table)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(ev.report(results), indent=1) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
