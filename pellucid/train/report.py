@@ -20,7 +20,7 @@ from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
 from pellucid.train.checkpoint import load_checkpoint
 from pellucid.train.evaluate import BitsPerByte, Generation, MultipleChoice, ToolCalling
-from pellucid.train.flops import flops_per_token
+from pellucid.train.flops import flops_per_token, n_params
 from pellucid.train.plot import plot_losses
 
 Result = BitsPerByte | MultipleChoice | Generation | ToolCalling
@@ -48,9 +48,9 @@ class Card:
 def card(name: str, llm: LLM, results: list[Result], max_tokens: int = 64) -> Card:
     """`llm`'s column: its facts, `results`, and its greedy replies to CHAT_PROMPTS when it has
     a chat template."""
-    params = sum(p.numel() for p in llm.model.parameters())
     cfg = llm.model.cfg
-    out = Card(name, params, cfg.vocab_size, llm.engine.max_model_len, results)
+    # counted on the model as built, not as loaded: packed int4 tensors hold 2 weights an element
+    out = Card(name, n_params(cfg), cfg.vocab_size, llm.engine.max_model_len, results)
     if llm.tokenizer.chat_template is not None:
         prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
         replies = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
@@ -72,8 +72,10 @@ def write_report(path: Path, cards: list[Card], run: Path | None = None) -> Path
     lines += [f"| {c.name} | {c.params:,} | {c.vocab:,} | {c.context:,} |" for c in cards]
     lines += ["", "## Eval (same tasks, same run)", "", *_table(cards), ""]
     for c in cards:
-        if c.chats:
-            lines += [f"## Sample chats: {c.name} (greedy)", ""]
+        lines += [f"## Sample chats: {c.name} (greedy)", ""]
+        if not c.chats:
+            lines += ["No chat template in its files: not asked.", ""]
+        else:
             for prompt, reply, finish in c.chats:
                 lines += [f"> {prompt}", "", reply.strip() or "(nothing)", "", f"*({finish})*", ""]
     with atomic_path(path) as tmp:
