@@ -159,8 +159,8 @@ class Trace:
     finish_reason: str | None = None
     bandwidth_limit_gbs: float | None = None  # the machine's measured copy bandwidth, if known
     flops_limit: float | None = None  # ... and its measured matrix-product FLOP/s
-    # the pass over the finished request's positions that found its attention and logit lens
-    # (its steps ran untouched; the requests beside it waited for this pass)
+    # the pass, once the request was done, that found the attention and logit lens of the
+    # positions its pre-fill had not kept (those it decoded; the requests beside it waited)
     analysis_seconds: float = 0.0
 
     @property
