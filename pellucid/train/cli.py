@@ -111,7 +111,9 @@ def add_training_commands(commands: Any) -> None:
         help="generation checks as user turns in the chat template, each reply to its own end",
     )
     ev.add_argument("--max-tokens", type=int, default=32, help="of a generation check's reply")
-    ev.add_argument("--limit", type=int, help="each task's first N questions (default all)")
+    ev.add_argument(
+        "--limit", type=_at_least_one, help="each task's first N questions (default all)"
+    )
     ev.add_argument("--max-bytes", type=int, default=100_000, help="of each text scored")
     ev.add_argument("--json", type=Path, help="write the results here")
     ev.add_argument(
@@ -242,6 +244,12 @@ def _print_table(title: str, results: list) -> None:
                 f"{r.questions} questions",
             )
     Console().print(table)
+
+
+def _at_least_one(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return int(text)
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
