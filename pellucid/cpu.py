@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 from pathlib import Path
 
 # The vector and matrix extensions the kernels here can use, in the order results list them.
@@ -13,14 +14,28 @@ ISA = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", 
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """Every flag of the first processor in /proc/cpuinfo; empty where there is none."""
+def _first_processor() -> dict[str, str]:
+    """The fields of the first processor in /proc/cpuinfo; empty where there is none."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "flags:")
-    return frozenset(line.split(":", 1)[1].split())
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """Every flag of the first processor in /proc/cpuinfo; empty where there is none."""
+    return frozenset(_first_processor().get("flags", "").split())
+
+
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it, else the machine type."""
+    return _first_processor().get("model name") or platform.machine()
 
 
 def native_bf16() -> bool:

@@ -192,10 +192,7 @@ class LLMEngine:
             return
         start = time.perf_counter()
         spans = rec.missing(seq.num_computed)
-        layers = rec.options.attention_layers
-        for first, n, attention, hidden in self.model_runner.analyse(
-            seq, spans, layers, rec.lens_from
-        ):
+        for first, n, attention, hidden in self.model_runner.analyse(seq, spans):
             rec.keep_pass(first, n, attention, hidden)
         rec.end_pass(time.perf_counter() - start)
 

@@ -111,15 +111,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def analyse(
-        self, seq: Sequence, spans: list[tuple[int, int]], layers: list[int], lens_from: int | None
+        self, seq: Sequence, spans: list[tuple[int, int]]
     ) -> Iterator[tuple[int, int, dict[int, Tensor], Tensor | None]]:
-        """A pass over `seq`'s positions in `spans` ([start, end) ranges of positions it has
-        computed), a chunk at a time, that keeps the attention probabilities at `layers` and
-        each layer's hidden state from position `lens_from` on (None: none): what a trace shows
-        of a request's decode steps once it is done, those steps having run compiled. Per chunk:
+        """A pass over traced `seq`'s positions in `spans` ([start, end) ranges of positions it
+        has computed), a chunk at a time, that keeps what its trace asks for: the attention
+        probabilities at its layers and the hidden states its lens reads. What a trace shows of
+        a request's decode steps once it is done, those steps having run compiled. Per chunk:
         (its first position, its length, layer -> probs (heads, q_len, ctx), hidden (rows,
         layers, dim) or None). The chunk's K and V are put back as they were: the cache keeps
         what the request's own steps wrote."""
+        rec = seq.trace
+        assert rec is not None
+        layers = rec.options.attention_layers
         chunks = [
             (start, min(ANALYSIS_ROWS, end - start))
             for first, end in spans
@@ -129,8 +132,9 @@ class ModelRunner:
             item = ScheduledSeq(seq, rows, samples=False, start=start)
             ids, positions, ctx, _, _ = self.prepare(Batch([item]))
             ctx.capture_attention.update(layers)
-            if lens_from is not None and start + rows > lens_from:
-                ctx.capture_hidden_rows = torch.arange(max(lens_from - start, 0), rows)
+            lens = rec.lens_rows(start, rows)
+            if lens:
+                ctx.capture_hidden_rows = torch.tensor(lens)
             with _kv_put_back(self.pool, ctx.slot_mapping):
                 self.model.hidden_states(ids[None], positions, ctx)
             attention = {layer: ctx.attention[layer][0][0] for layer in layers}

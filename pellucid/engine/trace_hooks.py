@@ -92,9 +92,7 @@ def mark_prefills(traced: list[TracedItem], ctx: ForwardContext) -> list[TracedI
         marked.append(t)
         layers = frozenset(rec.options.attention_layers)
         ctx.prefills[t.prefill_index].keep_query_layers = layers
-        if rec.lens_from is not None:
-            skip = max(rec.lens_from - t.item.first, 0)  # positions before the lens's first
-            rows += range(t.first_row + skip, t.first_row + t.item.n_tokens)
+        rows += [t.first_row + r for r in rec.lens_rows(t.item.first, t.item.n_tokens)]
     if rows:
         ctx.capture_hidden_rows = torch.tensor(rows)
     return marked
@@ -110,10 +108,9 @@ def hand_prefills(marked: list[TracedItem], ctx: ForwardContext) -> None:
         rec, first, n = t.item.seq.trace, t.item.first, t.item.n_tokens
         layers = rec.options.attention_layers
         attention = {layer: prefill_probs(ctx, layer, t.prefill_index) for layer in layers}
-        mine = None
-        if rec.lens_from is not None and hidden is not None:
-            rows = first + n - max(rec.lens_from, first)
-            mine, at = hidden[at : at + max(rows, 0)], at + max(rows, 0)
+        rows = len(rec.lens_rows(first, n))
+        mine = hidden[at : at + rows] if hidden is not None and rows else None
+        at += rows
         rec.keep_pass(first, n, attention, mine)
     elapsed = time.perf_counter() - start
     for t in marked:

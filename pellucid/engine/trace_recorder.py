@@ -219,6 +219,13 @@ class Recorder:
                 self._lens[index] = hidden[row]  # step `index` may not be recorded yet
         self._passed.append((first_pos, first_pos + n))
 
+    def lens_rows(self, first: int, n: int) -> range:
+        """Of a chunk of positions [first, first + n), the offsets whose hidden states the lens
+        reads (from lens_from on); empty without a lens."""
+        if self.lens_from is None:
+            return range(0)
+        return range(min(max(self.lens_from - first, 0), n), n)
+
     def missing(self, n: int) -> list[tuple[int, int]]:
         """The ranges of positions [0, n) that no keep_pass has covered, in order."""
         out, at = [], 0

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from pellucid.models import kernels
 from pellucid.models.config import ModelConfig
-from pellucid.models.context import DecodeBatch, ForwardContext
+from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 
 # Declared with torch.library's low-level API, as rowdot.py declares its ops (fbgemm.py defines
 # the namespace: this is a fragment of it); its CPU implementation is decode_attention.c, which
@@ -83,10 +83,20 @@ def prefill_probs(ctx: ForwardContext, layer: int, index: int) -> Tensor:
     the cache: what `attend` with `keep` would have found, worked out after the step."""
     s = ctx.prefills[index]
     q, window, scale = ctx.queries[layer][index]  # (H, length, hd)
-    keys = ctx.k_cache[layer].index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]
-    k_pos = torch.arange(s.ctx_len)
-    mask = attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
+    keys = slice_cache(ctx.k_cache[layer], s)
+    mask = slice_mask(s, window)
     return probabilities(q[None], keys.transpose(0, 1)[None].to(q.dtype), mask, scale)[0]
+
+
+def slice_cache(cache: Tensor, s: PrefillSlice) -> Tensor:
+    """A pre-fill chunk's sequence's keys or values, (ctx_len, Hkv, hd), from the pool."""
+    return cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]
+
+
+def slice_mask(s: PrefillSlice, window: int | None) -> Tensor:
+    """(length, ctx_len): which of its sequence's keys each of a chunk's queries sees."""
+    k_pos = torch.arange(s.ctx_len)
+    return attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
 
 
 def attend_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -150,10 +160,8 @@ def paged_attention(
             )
             out[rows] = o[0].transpose(0, 1)
             continue
-        keys = k_cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]  # (S, Hkv, hd)
-        values = v_cache.index_select(0, s.block_table).flatten(0, 1)[: s.ctx_len]
-        k_pos = torch.arange(s.ctx_len)
-        mask = attention_mask(k_pos[s.ctx_len - s.length :], k_pos, window)
+        keys, values = slice_cache(k_cache, s), slice_cache(v_cache, s)  # (S, Hkv, hd)
+        mask = slice_mask(s, window)
         o = attend(
             q[rows].transpose(0, 1)[None],
             keys.transpose(0, 1)[None].to(q.dtype),

@@ -506,15 +506,13 @@ void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16
 
 void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_t *scales,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
-    const int64_t groups = in_f / GROUP;
     const Rounded rows = round_rows(x, x_bf16, n, in_f);
     const int8_t *xq = rows.q;
     const float *dx = rows.scale;
 #ifdef ROWDOT_VNNI
     int8_vnni_mm(weight, scales, xq, dx, y, y_bf16, n, out_f, in_f);
-    free_rounded(rows);
-    return;
-#endif
+#else
+    const int64_t groups = in_f / GROUP;
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < out_f; c += 4)
         for (int64_t r = 0; r < n; r++) {
@@ -523,5 +521,6 @@ void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_
             for (int i = 0; i < 4; i++)
                 store_value(y, r * out_f + c + i, out[i] * bf16_to_float(scales[c + i]), y_bf16);
         }
+#endif
     free_rounded(rows);
 }

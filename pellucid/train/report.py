@@ -7,14 +7,13 @@ FLOPs and loss curve.
 from __future__ import annotations
 
 import datetime
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from pellucid.atomic import atomic_path
-from pellucid.cpu import isa_flags
+from pellucid.cpu import cpu_model, isa_flags
 from pellucid.engine import SamplingParams
 from pellucid.llm import LLM
 from pellucid.models.config import ModelConfig
@@ -84,20 +83,8 @@ def write_report(path: Path, cards: list[Card], run: Path | None = None) -> Path
 
 
 def _machine() -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    model = next(
-        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-        cpu,
-    )
     isa = ", ".join(isa_flags()) or "no AVX"
-    return [f"{datetime.date.today()}; {model} ({isa}), torch {torch.__version__}"]
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
+    return [f"{datetime.date.today()}; {cpu_model()} ({isa}), torch {torch.__version__}"]
 
 
 def _training(run: Path, plot: Path) -> list[str]:
