@@ -74,6 +74,17 @@ def test_int4_linear_multiplies_by_its_dequantized_matrix(int4, rows):
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
 
 
+# A trained model's SwiGLU width (8/3 · 128 = 344) is no multiple of 16: torch's int8 kernel
+# crashed the process on it (a segfault) for any step of more than 8 rows
+@pytest.mark.parametrize("rows", [1, 9, 33, 64])
+def test_int8_linear_of_any_input_width_multiplies_by_its_dequantized_matrix(rows):
+    torch.manual_seed(2)
+    layer = Int8Linear.from_weight(torch.randn(128, 344) * 0.05)
+    x = torch.randn(rows, 344).bfloat16()
+    want = x.float() @ layer.dequantize().float().T
+    torch.testing.assert_close(layer(x).float(), want, atol=0.05, rtol=0.02)
+
+
 @pytest.mark.skipif(not unpack.available(), reason=NO_KERNEL)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):

@@ -304,6 +304,9 @@ class Int8Linear(PackedLinear):
         every = self.rowdot and rowdot.int8_every_row()
         self.rowdot_rows = ROWDOT_ROWS if every else UNPACK_ROWS
         self.inductor_loop = "avx512f" in cpu_flags()  # see packed_mm
+        # torch's int8 kernel reads 16 inputs at a time and crashes on other widths (a trained
+        # model's SwiGLU width of 8/3 · dim, say 344): those take the dequantized product
+        self.aten = in_features % 16 == 0
 
     def use_fbgemm(self) -> None:
         """Multiply a few rows by fbgemm from now on (see models/fbgemm.py): 8-bit activations,
@@ -340,6 +343,8 @@ class Int8Linear(PackedLinear):
             # benchmarks/results/comments.md); with AVX2 it takes 3.5x as long.
             y = (self.weight * rows.float()[:, None, :]).sum(-1)  # (n, out)
             return (y * self.scales.float()).to(rows.dtype)
+        if not self.aten:
+            return rows @ self.dequantize().to(rows.dtype).t()
         return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
 
     def dequantize(self) -> Tensor:
