@@ -2,9 +2,10 @@
 "unfiltered, cleaned, split"): the speedrun's chat data, offline.
 
 The package's JSON file is cut short (its last record ends mid-string), so records are read one
-at a time and reading stops at the first one that does not parse: 17,671 whole conversations.
-Each becomes a list of {"role": "user" | "assistant", "content": ...} messages, the shape
-`pellucid sft` and chat templates take.
+at a time and reading stops at the first one that does not parse: 17,671 whole conversations,
+11,102 of them with turns that alternate user, assistant. Each of those becomes a list of
+{"role": "user" | "assistant", "content": ...} messages, the shape `pellucid sft` and chat
+templates take.
 """
 
 from __future__ import annotations
