@@ -27,7 +27,7 @@ class SpeedrunConfig:
     block_size: int = 512  # the model's context
     batch_size: int = 16  # rows a pre-training step
     tokenizer_chars: int = 20_000_000  # of the corpus the BPE merges are learned from
-    max_chars: int | None = None  # of pre-training text (None: all, ~66M characters)
+    max_chars: int | None = None  # of pre-training text (None: all, ~63M characters)
     sft_chats: int = 2000
     held_out_chats: int = 50
     sft_epochs: int = 2
