@@ -62,6 +62,11 @@ def size_of(depth: int, vocab_size: int) -> int:
     return n_params(family(TrainConfig(data="", out=""), depth).model_config(vocab_size))
 
 
+def step_flops(cfg: TrainConfig, vocab_size: int) -> float:
+    """Training FLOPs of one step of `cfg` (6 a parameter a token, plus attention)."""
+    return flops_per_token(cfg.model_config(vocab_size), cfg.block_size) * cfg.tokens_per_iter
+
+
 def isoflop_sweep(
     base: TrainConfig, out: Path, budgets: tuple[float, ...], log=print
 ) -> list[SweepRun]:
@@ -71,8 +76,7 @@ def isoflop_sweep(
     for budget in budgets:
         for depth in DEPTHS:
             cfg = family(base, depth)
-            model_cfg = cfg.model_config(vocab_size)
-            per_step = flops_per_token(model_cfg, cfg.block_size) * cfg.tokens_per_iter
+            per_step = step_flops(cfg, vocab_size)
             iters = max(1, round(budget / per_step))
             cfg = replace(
                 cfg,
@@ -89,7 +93,7 @@ def isoflop_sweep(
             seconds = time.perf_counter() - start
             run = SweepRun(
                 depth,
-                n_params(model_cfg),
+                n_params(trainer.model_cfg),
                 budget,
                 iters * cfg.tokens_per_iter,
                 trainer.estimate_loss("val"),

@@ -161,13 +161,13 @@ def data(cfg: SpeedrunConfig, folder: Path, log: Log) -> dict:
 def sizing_stage(cfg: SpeedrunConfig, folder: Path, log: Log) -> dict:
     """The IsoFLOP sweep at budgets 1/256, 1/128 and 1/64 of the pre-training's, then the law."""
     seconds = cfg.minutes * 60
-    sweep_base = replace(_base(cfg), **cfg.sweep, eval_iters=50)
+    sweep_base, vocab = replace(_base(cfg), **cfg.sweep, eval_iters=50), _vocab(cfg)
     # a first guess of the budget, to size the sweep: a few steps of its deepest model
-    guess = _flops_per_s(sizing.family(sweep_base, max(sizing.DEPTHS)), folder / "probe")
+    deepest = sizing.family(sweep_base, max(sizing.DEPTHS))
+    guess = sizing.step_flops(deepest, vocab) / _step_seconds(deepest, folder / "probe")
     budgets = tuple(guess * seconds / f for f in (256, 128, 64))
     runs = sizing.isoflop_sweep(sweep_base, folder / "runs", budgets, log=log)
     law = sizing.fit_law(runs)
-    vocab = stage_facts(cfg.out, "data")["vocab_size"]
     depth = sizing.choose_depth(law, seconds, vocab, runs)
     budget = sizing.flops_per_s(runs, depth) * seconds
     log(
@@ -187,7 +187,6 @@ def sizing_stage(cfg: SpeedrunConfig, folder: Path, log: Log) -> dict:
 
 
 def pretrain(cfg: SpeedrunConfig, folder: Path, log: Log) -> dict:
-    from pellucid.train.flops import flops_per_token
     from pellucid.train.hf_export import export_hf
     from pellucid.train.trainer import Trainer
 
@@ -198,12 +197,8 @@ def pretrain(cfg: SpeedrunConfig, folder: Path, log: Log) -> dict:
     else:
         planned = sizing.family(_base(cfg), stage_facts(cfg.out, "sizing")["depth"])
         # the step's real speed at the real shape decides how many steps the minutes hold
-        per_s = _flops_per_s(planned, folder.parent / ".pretrain-probe")
-        per_step = (
-            flops_per_token(planned.model_config(_vocab(cfg)), planned.block_size)
-            * planned.tokens_per_iter
-        )
-        iters = max(10, int(per_s * cfg.minutes * 60 / per_step))
+        step = _step_seconds(planned, folder.parent / ".pretrain-probe")
+        iters = max(10, int(cfg.minutes * 60 / step))
         trainer = Trainer(
             replace(
                 planned,
@@ -289,12 +284,11 @@ def _vocab(cfg: SpeedrunConfig) -> int:
     return int(stage_facts(cfg.out, "data")["vocab_size"])
 
 
-def _flops_per_s(cfg: TrainConfig, scratch: Path, steps: int = 10) -> float:
-    """Training FLOPs a second of `cfg`'s model, from a few steps (the first, warm-up, not
-    counted) in a scratch folder removed after."""
+def _step_seconds(cfg: TrainConfig, scratch: Path, steps: int = 10) -> float:
+    """Seconds a training step of `cfg` takes on this machine: the median of a few steps (the
+    first, warm-up, not counted) in a scratch folder removed after."""
     import shutil
 
-    from pellucid.train.flops import flops_per_token
     from pellucid.train.trainer import Trainer
 
     probe = replace(cfg, out=str(scratch), max_iters=steps, eval_interval=10**9, ckpt_interval=0)
@@ -305,8 +299,7 @@ def _flops_per_s(cfg: TrainConfig, scratch: Path, steps: int = 10) -> float:
         trainer.train_step()
         seconds.append(time.perf_counter() - start)
     shutil.rmtree(scratch, ignore_errors=True)
-    per_step = flops_per_token(trainer.model_cfg, cfg.block_size) * cfg.tokens_per_iter
-    return per_step / sorted(seconds[1:])[len(seconds[1:]) // 2]
+    return sorted(seconds[1:])[len(seconds[1:]) // 2]
 
 
 def _every(line: str, n: int, log: Log) -> None:
