@@ -4,10 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
+CLUSTER := $(VENV)/.installed-cluster
 COMPILED_FEW := $(VENV)/.compiled-few-rows
 COMPILED := $(VENV)/.compiled
 
-.PHONY: setup run test test-fast lint bench clean browser chromium speedrun
+.PHONY: setup run test test-fast lint bench clean browser chromium speedrun cluster
 
 setup: $(COMPILED)
 
@@ -58,12 +59,20 @@ run: $(COMPILED_FEW)
 speedrun: $(COMPILED_FEW)
 	$(VENV)/bin/pellucid speedrun --out runs/speedrun
 
+# Ray Serve, for `pellucid serve --replicas N` (server/replicas.py): installed for the tests, not
+# in front of `make run`
+cluster: $(CLUSTER)
+
+$(CLUSTER): $(STAMP)
+	$(PIP) -e '.[cluster]'
+	touch $@
+
 # Two workers, each taking whole test files (a file's tests keep their order and fixtures)
-test: setup browser
+test: setup browser cluster
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
-test-fast: setup
+test-fast: setup cluster
 	$(PY) -m pytest -q -m "not slow"
 
 # What CI checks besides the tests: ruff's lint and format, and the import layers (pyproject)

@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "by default, where it pays; a request's `speculative: true` cannot turn it back on)",
     )
     add_limit_args(serve)
+    add_replica_args(serve)
     serve.set_defaults(run=run_serve)
 
     models = commands.add_parser("models", help="list the models available locally")
@@ -164,6 +165,27 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="KV of finished requests kept for prompts that share a prefix",
+    )
+
+
+def add_replica_args(p: argparse.ArgumentParser) -> None:
+    """Serving from several engines at once, as a Ray Serve application (server/replicas.py)."""
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="serve from N engines behind Ray Serve's router, each with its own threads "
+        "(needs pellucid[cluster]; default: one engine in this process, no Ray)",
+    )
+    p.add_argument(
+        "--ray-address",
+        help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting one here",
+    )
+    p.add_argument(
+        "--routing",
+        choices=("prefix", "random"),
+        default="prefix",
+        help="with replicas: send a request to the replica that served its longest prompt "
+        "prefix, unless that one is much busier (default), or Ray Serve's own pick of two",
     )
 
 
@@ -330,45 +352,42 @@ def run_serve(args: argparse.Namespace) -> int:
     import os
 
     from pellucid.config import EngineConfig
-    from pellucid.llm import LLM
-    from pellucid.server import create_app
+    from pellucid.server.launch import ServeOptions, build_app
     from pellucid.server.limits import ServerLimits
+
+    opts = ServeOptions(
+        model=args.model,
+        dtype=args.dtype,
+        compile=args.compile,
+        max_model_len=args.max_model_len,
+        engine=EngineConfig(
+            max_num_seqs=args.max_num_seqs,
+            prefix_cache_bytes=args.prefix_cache_mib << 20,
+            speculative=not args.no_speculative,
+        ),
+        limits=ServerLimits(
+            max_waiting=args.max_waiting,
+            max_tokens_in_flight=args.max_tokens_in_flight,
+            queue_timeout_s=args.queue_timeout or None,
+            shutdown_timeout_s=args.shutdown_timeout,
+        ),
+        api_key=args.api_key or os.environ.get("PELLUCID_API_KEY"),
+        sampling_defaults=args.sampling_defaults,
+    )
+    if args.replicas is not None or args.ray_address is not None:
+        from pellucid.server.replicas import ReplicaOptions, serve_replicas
+
+        cluster = ReplicaOptions(args.replicas or 1, args.ray_address, args.routing)
+        return serve_replicas(opts, cluster, args.host, args.port)
+
     from pellucid.server.serve import serve
 
-    limits = ServerLimits(
-        max_waiting=args.max_waiting,
-        max_tokens_in_flight=args.max_tokens_in_flight,
-        queue_timeout_s=args.queue_timeout or None,
-        shutdown_timeout_s=args.shutdown_timeout,
-    )
-    engine = EngineConfig(
-        max_num_seqs=args.max_num_seqs,
-        prefix_cache_bytes=args.prefix_cache_mib << 20,
-        speculative=not args.no_speculative,
-    )
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        engine=engine,
-        compile=args.compile,
-    )
-    if args.compile:
-        print(
-            "Compiling the decode step (tens of seconds the first time, then cached)...",
-            file=sys.stderr,
-        )
-        llm.warm_up()
-    entry = catalog.find(args.model or catalog.DEFAULT_MODEL)
-    name = entry.name if entry is not None else llm.path.name
-    api_key = args.api_key or os.environ.get("PELLUCID_API_KEY")
-    if args.sampling_defaults == "openai":
-        llm.sampling_defaults = {}
-    app = create_app(llm, api_key=api_key, model_name=name, limits=limits)
-    defaults = ", ".join(f"{k} {v}" for k, v in llm.sampling_defaults.items()) or "OpenAI's"
+    app, name = build_app(opts)
+    sampling = app.state.pellucid.llm.sampling_defaults
+    defaults = ", ".join(f"{k} {v}" for k, v in sampling.items()) or "OpenAI's"
     print(
         f"Serving {name} at http://{args.host}:{args.port}/v1"
-        f"{' (API key required)' if api_key else ''}; sampling a request leaves out: {defaults}",
+        f"{' (API key required)' if opts.api_key else ''}; sampling a request leaves out: {defaults}",
         file=sys.stderr,
     )
     serve(app, args.host, args.port)

@@ -5,6 +5,7 @@ engine thread's latest `EngineStats` snapshot at scrape time, the server's load 
 tokens in flight) from the event loop's count; request histograms (queue time, time to first
 token, inter-token latency, end-to-end) and token counters are fed by the request handlers, and
 refusals (429 / 503: queue full, tokens full, queue timeout, shutting down) are counted by reason.
+Served from replicas, /metrics holds every replica's series, each labelled `replica`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from pellucid.engine import EngineStats, RequestOutput
@@ -192,3 +194,28 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], value)
             yield c
+
+
+def merge_replicas(expositions: list[str]) -> bytes:
+    """The replicas' /metrics texts as one, each series labelled with its replica's number
+    (Prometheus sums them with `sum without (replica)`)."""
+    families: dict[str, Metric] = {}
+    for number, text in enumerate(expositions):
+        for family in text_string_to_metric_families(text):
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            merged.samples += [
+                s._replace(labels={**s.labels, "replica": str(number)}) for s in family.samples
+            ]
+    registry = CollectorRegistry()
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
