@@ -70,7 +70,7 @@ def main() -> None:
     for r in results.values():
         r["vs_one_process"] = r["tokens_per_s"]["median"] / base if base else None
     save(
-        f"replicas-{Path(args.model).stem}",
+        "replicas",
         {
             "model": args.model,
             "dtype": args.dtype,
