@@ -214,6 +214,47 @@ def test_two_replicas_give_one_engines_greedy_replies_to_32_streaming_chats(
     assert len(generated) == 2 and min(generated) > 0  # both replicas worked
 
 
+@pytest.mark.slow
+def test_tool_calls_traces_and_errors_come_back_as_from_one_engine(cluster: str, server) -> None:
+    from tests.test_server_tools import ASK, CALC, WEATHER
+
+    bodies = [
+        {  # a required call, its trace of sampling stages asked too
+            "model": MODEL,
+            "messages": ASK,
+            "tools": [WEATHER, CALC],
+            "tool_choice": "required",
+            "temperature": 0,
+            "max_tokens": 60,
+            "trace": True,
+        },
+        {"model": MODEL, "messages": ASK, "max_tokens": 0},  # refused: 400
+        {"model": "no-such-model", "messages": ASK},  # 404
+    ]
+
+    def answers(url: str) -> list[tuple[int, dict]]:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        replies = [
+            httpx.post(url + "/v1/chat/completions", json=b, headers=headers, timeout=300)
+            for b in bodies
+        ]
+        return [(r.status_code, r.json()) for r in replies]
+
+    (status, one), *refusals = answers(cluster)
+    (status_single, single), *refusals_single = answers(server.url)
+    assert status == status_single == 200
+    calls, calls_single = (
+        [c["function"] for c in r["choices"][0]["message"]["tool_calls"]] for r in (one, single)
+    )
+    assert calls and calls == calls_single  # the same calls (their ids are drawn afresh)
+    trace, trace_single = (r["pellucid"]["traces"]["0"]["steps"] for r in (one, single))
+    assert [s["token"]["id"] for s in trace] == [s["token"]["id"] for s in trace_single]
+    assert [(code, r["error"]["message"]) for code, r in refusals] == [
+        (code, r["error"]["message"]) for code, r in refusals_single
+    ]
+    assert [code for code, _ in refusals] == [400, 404]
+
+
 def hit_rate(counts_before: dict, counts_after: dict) -> float:
     def total(counts: dict, name: str) -> float:
         return sum(c[f"pellucid:prefix_cache_{name}_total"] for c in counts.values())

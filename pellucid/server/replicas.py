@@ -74,15 +74,16 @@ def serve_replicas(opts: ServeOptions, cluster: ReplicaOptions, host: str, port:
             "(or 'ray[serve]==2.60.0'), or leave out --replicas to serve from one process"
         )
     start_ray(cluster.ray_address)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(application(opts, cluster), name=APP, route_prefix="/")
-    print(
-        f"Serving at http://{host}:{port}/v1 from {cluster.replicas} replica(s) on Ray Serve "
-        f"(routing: {cluster.routing}); Ctrl-C stops them",
-        file=sys.stderr,
-    )
+    # after Ray's start, whose core worker installs its own handler (a crash report)
     signal.signal(signal.SIGTERM, _interrupt)  # a stop that was asked for, as Ctrl-C
     try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application(opts, cluster), name=APP, route_prefix="/")
+        print(
+            f"Serving at http://{host}:{port}/v1 from {cluster.replicas} replica(s) on Ray "
+            f"Serve (routing: {cluster.routing}); Ctrl-C stops them",
+            file=sys.stderr,
+        )
         signal.pause()
     except KeyboardInterrupt:
         pass
