@@ -42,6 +42,7 @@ try:
     import ray
     from ray import serve
     from ray.serve.config import RequestRouterConfig
+    from ray.serve.exceptions import BackPressureError
     from ray.serve.handle import DeploymentHandle
     from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 except ImportError:  # pellucid[cluster] not installed: serve_replicas says how to get it
@@ -143,12 +144,15 @@ def application(opts: ServeOptions, cluster: ReplicaOptions) -> Any:
     engines = EngineReplica.options(
         num_replicas=cluster.replicas,
         ray_actor_options={"num_cpus": share},
+        # a replica takes what its engine holds and queues; past that the ingress's router
+        # queues a few more, and then answers 429 as one engine would (Ingress.forward)
         max_ongoing_requests=opts.engine.max_num_seqs + opts.limits.max_waiting,
+        max_queued_requests=max(1, opts.limits.max_waiting),
         request_router_config=router,
         health_check_period_s=2,
         health_check_timeout_s=30,
     )
-    return Ingress.bind(engines.bind(opts, threads))
+    return Ingress.bind(engines.bind(opts, threads), opts.limits.retry_after_s)
 
 
 # The deployments below are pickled as they are defined (Ray Serve ships them to their
@@ -173,10 +177,7 @@ async def _relay(answer: Any, first: bytes | None) -> AsyncIterator[bytes]:
     except _REPLICA_DIED:
         error = error_body(REPLICA_GONE, "server_error", code="replica_unavailable")
         yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
-    except asyncio.CancelledError:  # the client went away: stop the replica's work too
-        answer.cancel()
-        raise
-    finally:
+    finally:  # ended, or the client went away: the replica's work stops too
         answer.cancel()
 
 
@@ -261,15 +262,18 @@ if ray is not None:
             if hasattr(self, "state"):
                 self.state.engine.stop()
 
-    ingress_app = FastAPI(title="pellucid replicas")
+    # no docs routes of its own: /docs and /openapi.json are forwarded to the replicas' app
+    ingress_app = FastAPI(
+        title="pellucid replicas", openapi_url=None, docs_url=None, redoc_url=None
+    )
 
     @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=100_000)
     @serve.ingress(ingress_app)
     class Ingress:
         """Forwards each HTTP request whole to one engine replica; asks them all for metrics."""
 
-        def __init__(self, engines: DeploymentHandle):
-            self.engines = engines
+        def __init__(self, engines: DeploymentHandle, retry_after_s: int):
+            self.engines, self.retry_after_s = engines, retry_after_s
 
         @ingress_app.get("/metrics")
         async def metrics(self) -> Response:
@@ -304,6 +308,16 @@ if ray is not None:
                 except _REPLICA_DIED:
                     answer.cancel()
                     continue
+                except BackPressureError:  # every replica full, and the queue before them
+                    full = "every replica is full, and the queue before them too: retry later"
+                    return JSONResponse(
+                        error_body(full, "requests", code="rate_limit_exceeded"),
+                        429,
+                        headers={"Retry-After": str(self.retry_after_s)},
+                    )
+                except asyncio.CancelledError:  # the client went away
+                    answer.cancel()
+                    raise
                 return StreamingResponse(
                     _relay(answer, first),
                     status_code=head.status,
