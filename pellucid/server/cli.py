@@ -94,7 +94,7 @@ def add_replica_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    # imported here: `pellucid --help` and the other commands need neither torch nor fastapi
+    # imported when the command runs, as the other commands do theirs
     from pellucid.config import EngineConfig
     from pellucid.server.launch import ServeOptions, build_app
     from pellucid.server.limits import ServerLimits
