@@ -159,11 +159,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    """SmolLM2 (float32, as the single-process `server`) on two replicas of one thread each."""
+    """SmolLM2 (float32, as the single-process `server`) on two replicas, half the cores each."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(include_dashboard=False, log_to_driver=False)  # as many CPUs as the machine has
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     opts = ServeOptions(model=MODEL, dtype="float32", api_key=KEY)
