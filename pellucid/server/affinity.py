@@ -5,8 +5,9 @@ Each engine keeps the KV of finished requests and reuses it for prompts that sta
 engine that served its prefix: turn 2 of a chat to the engine that ran turn 1. The router sees
 request bodies, not tokens, so the prefix is tracked as text: the body's tools and each message
 (or the prompt) cut into chunks of at most CHUNK characters, each hashed together with all
-before it, as the engine hashes its KV blocks. A replica "holds" the chunks of the requests it was sent (remembered up to
-`capacity` per replica, least recently used out first, roughly as the engine's cache evicts).
+before it, as the engine hashes its KV blocks. A replica "holds" the chunks of the requests it
+was sent (up to `capacity` per replica, least recently used out first, roughly as the engine's
+cache evicts).
 
     table = PrefixTable()
     ranks = table.rank(affinity_pieces(body), ["r1", "r2"], load={"r1": 3, "r2": 0})
@@ -20,7 +21,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
 
-CHUNK = 64  # characters a piece: a system prompt of a few hundred characters is several
+CHUNK = 64  # characters at most a chunk: a system prompt of a few hundred is several
 CAPACITY = 16384  # chunks remembered per replica (~1M characters of prompts)
 IMBALANCE = 8  # requests: a replica this much busier than the idlest loses its affinity
 
