@@ -16,11 +16,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pellucid.config import EngineConfig
 from pellucid.errors import PellucidError
 from pellucid.server import create_app, replicas
 from pellucid.server.affinity import CHUNK, PrefixTable, affinity_pieces
 from pellucid.server.asgi_call import HTTPCall, ResponseHead, call_app
 from pellucid.server.launch import ServeOptions
+from pellucid.server.limits import ServerLimits
 from pellucid.server.metrics import merge_replicas
 from pellucid.server.replicas import ReplicaOptions
 from tests.helpers import KEY, MODEL
@@ -361,3 +363,42 @@ def replica_states(url: str) -> list[dict]:
         return httpx.get(url + "/health", timeout=10).json().get("replicas", [])
     except (httpx.HTTPError, ValueError):
         return []
+
+
+@pytest.mark.slow
+def test_when_every_replica_and_the_router_queue_are_full_the_answer_is_429(cluster: str) -> None:
+    """One replica holding one sequence and queueing none, the router queueing one more: of six
+    requests at once some are answered, the rest get 429 with Retry-After, as from one engine.
+    (Last in the module: it takes the cluster's place.)"""
+    from ray import serve
+
+    serve.delete(replicas.APP)
+    opts = ServeOptions(
+        model=MODEL,
+        dtype="float32",
+        api_key=KEY,
+        engine=EngineConfig(max_num_seqs=1),
+        limits=ServerLimits(max_waiting=0),
+    )
+    serve.run(replicas.application(opts, ReplicaOptions(1)), name="small", route_prefix="/")
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"model": MODEL, "messages": chat_body("Tell me a story")["messages"]}
+            return await asyncio.gather(
+                *(
+                    client.post(
+                        cluster + "/v1/chat/completions",
+                        json={**body, "max_tokens": 32},
+                        headers={"Authorization": f"Bearer {KEY}"},
+                    )
+                    for _ in range(6)
+                )
+            )
+
+    replies = asyncio.run(run())
+    codes = sorted(r.status_code for r in replies)
+    assert codes[0] == 200 and codes[-1] == 429, codes
+    refused = [r for r in replies if r.status_code == 429]
+    assert all(r.headers["retry-after"] == "1" for r in refused)
+    assert refused[0].json()["error"]["code"] == "rate_limit_exceeded"
