@@ -32,9 +32,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pellucid.errors import PellucidError
+from pellucid.server import responses as R
 from pellucid.server.affinity import PrefixTable, affinity_pieces
 from pellucid.server.asgi_call import HTTPCall, ResponseHead, call_app
-from pellucid.server.errors import error_body
+from pellucid.server.errors import APIError, error_body
 from pellucid.server.launch import ServeOptions, build_app
 from pellucid.server.metrics import merge_replicas
 
@@ -132,9 +133,7 @@ def application(opts: ServeOptions, cluster: ReplicaOptions) -> Any:
     threads = max(1, cpus // cluster.replicas)
     # More replicas than cores here: each asks a share of a core, so that they all start
     share = (
-        threads
-        if cluster.ray_address or threads * cluster.replicas <= cpus
-        else cpus / cluster.replicas
+        cpus / cluster.replicas if cluster.replicas > cpus and not cluster.ray_address else threads
     )
     router = (
         RequestRouterConfig(request_router_class=PrefixAffinityRouter)
@@ -175,8 +174,8 @@ async def _relay(answer: Any, first: bytes | None) -> AsyncIterator[bytes]:
         async for piece in answer:
             yield piece
     except _REPLICA_DIED:
-        error = error_body(REPLICA_GONE, "server_error", code="replica_unavailable")
-        yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
+        gone = error_body(REPLICA_GONE, "server_error", code="replica_unavailable")
+        yield (R.sse(gone) + R.SSE_DONE).encode()
     finally:  # ended, or the client went away: the replica's work stops too
         answer.cancel()
 
@@ -284,7 +283,7 @@ if ray is not None:
         async def health(self) -> JSONResponse:
             replicas = await self.engines.broadcast("status").results_async()
             if not any(r["running"] for r in replicas):
-                return JSONResponse(error_body("no replica is running", "server_error"), 503)
+                return APIError(503, "no replica is running", kind="server_error").response()
             return JSONResponse({"status": "ok", "replicas": replicas})
 
         @ingress_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
@@ -310,11 +309,13 @@ if ray is not None:
                     continue
                 except BackPressureError:  # every replica full, and the queue before them
                     full = "every replica is full, and the queue before them too: retry later"
-                    return JSONResponse(
-                        error_body(full, "requests", code="rate_limit_exceeded"),
+                    return APIError(
                         429,
-                        headers={"Retry-After": str(self.retry_after_s)},
-                    )
+                        full,
+                        kind="requests",
+                        code="rate_limit_exceeded",
+                        retry_after=self.retry_after_s,
+                    ).response()
                 except asyncio.CancelledError:  # the client went away
                     answer.cancel()
                     raise
@@ -323,6 +324,6 @@ if ray is not None:
                     status_code=head.status,
                     headers=_headers(head),
                 )
-            return JSONResponse(
-                error_body(REPLICA_GONE, "server_error", code="replica_unavailable"), 503
-            )
+            return APIError(
+                503, REPLICA_GONE, kind="server_error", code="replica_unavailable"
+            ).response()
