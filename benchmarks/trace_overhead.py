@@ -2,7 +2,9 @@
 
 1. 16 requests decode together, once with none traced and once with one traced; the 15 untraced
    requests' tokens/s are compared, per second of wall time and of CPU time, in back-to-back pairs
-   (median of the paired ratios; each side first in turn), plus what the trace's own work took
+   (median of the paired ratios; each side first in turn), and by each step's median across the
+   repeats, summed over the batch's steps (a noisy second moves one repeat's step, where it
+   moves a whole pair's ratio), plus what the trace's own work took
    (its own clock, immune to neighbours): recording inside the shared steps, and the analysis
    pass, as a share of the batch's time (the engine runs one thing at a time: the batch waits).
    The trace holds attention at every layer and the logit lens (`--basic`: tokens, stages,
@@ -70,6 +72,7 @@ class Run:
     steps_s: float  # time of the steps the traced request was in
     analysis_s: float  # its pass for attention and lens, once it was done
     read_s: float  # reading its trace, after the batch: stages and the lens worked out then
+    step_s: list[float]  # each engine step's time, in order
 
 
 def run_batch(
@@ -86,9 +89,12 @@ def run_batch(
     )
     first = replace(plain, max_tokens=tokens // 2, trace=trace if trace_one else False)
     seqs = [llm.engine.add_request(p, first if i == 0 else plain) for i, p in enumerate(prompts)]
+    steps_s = []
     wall, cpu = time.perf_counter(), time.process_time()
     while llm.engine.has_unfinished():
+        start = time.perf_counter()
         llm.engine.step()
+        steps_s.append(time.perf_counter() - start)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     done = sum(len(s.output_ids) for s in seqs[1:])
     read = time.perf_counter()
@@ -103,7 +109,15 @@ def run_batch(
         sum(s.seconds + s.trace_seconds for s in steps),
         t.analysis_seconds if t is not None else 0.0,
         read,
+        steps_s,
     )
+
+
+def by_step(runs: list[Run]) -> float:
+    """A batch's time as the sum over its steps of each step's median across `runs`: the
+    same steps run in every repeat, so a burst of noise moves one repeat's step, not the sum."""
+    n = max(len(r.step_s) for r in runs)
+    return sum(statistics.median(r.step_s[k] for r in runs if k < len(r.step_s)) for k in range(n))
 
 
 def prefill_s(llm: LLM, ids: list[int], trace: bool | TraceOptions) -> tuple[float, float]:
@@ -177,6 +191,8 @@ def main() -> None:
     clicks = inspect_s(llm, args.repeats)
     wall = 1 - statistics.median(t.wall_tok_s / p.wall_tok_s for p, t in pairs)
     cpu = 1 - statistics.median(t.cpu_tok_s / p.cpu_tok_s for p, t in pairs)
+    # the same untraced tokens in both: tokens/s lost = 1 - plain time / traced time
+    steps = 1 - by_step([p for p, _ in pairs]) / by_step([t for _, t in pairs])
     share = sum(t.recording_s for _, t in pairs) / sum(t.steps_s for _, t in pairs)
     # the engine runs one thing at a time: the trace's own work (recording in the steps, the
     # analysis pass) is time the batch waits, whatever the machine's noise does to the pairs
@@ -185,7 +201,8 @@ def main() -> None:
     )
     print(
         f"{args.batch - 1} untraced requests next to one traced request, median paired cost: "
-        f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; the trace's "
+        f"{wall:+.1%} tokens/s of wall time, {cpu:+.1%} tokens/s of CPU time; by each step's "
+        f"median: {steps:+.1%}; the trace's "
         f"own work (recording in the steps and the analysis pass) {own:.1%} of the batch's "
         f"wall time; recording "
         f"took {share:.2%} of the steps the traced request shared, its analysis pass "
@@ -210,6 +227,7 @@ def main() -> None:
             "pairs": [{"plain": asdict(p), "traced": asdict(t)} for p, t in pairs],
             "median_paired_cost_wall": round(wall, 4),
             "median_paired_cost_cpu": round(cpu, 4),
+            "cost_by_step_medians": round(steps, 4),
             "recording_share_of_steps": round(share, 5),
             "trace_work_share_of_batch_median": round(own, 4),
             "prefill_512_pairs_s": [

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,8 +117,8 @@ class ModelRunner:
         probabilities at its layers and the hidden states its lens reads. What a trace shows of
         a request's decode steps once it is done, those steps having run compiled. Per chunk:
         (its first position, its length, layer -> probs (heads, q_len, ctx), hidden (rows,
-        layers, dim) or None). The chunk's K and V are put back as they were: the cache keeps
-        what the request's own steps wrote."""
+        layers, dim) or None). Its attention reads the K and V the request's own steps wrote,
+        and writes none."""
         rec = seq.trace
         assert rec is not None
         layers = rec.options.attention_layers
@@ -135,8 +134,8 @@ class ModelRunner:
             lens = rec.lens_rows(start, rows)
             if lens:
                 ctx.capture_hidden_rows = torch.tensor(lens)
-            with _kv_put_back(self.pool, ctx.slot_mapping):
-                self.model.hidden_states(ids[None], positions, ctx)
+            ctx.write_kv = False  # its K/V are the ones its steps wrote, and stay so
+            self.model.hidden_states(ids[None], positions, ctx)
             attention = {layer: ctx.attention[layer][0][0] for layer in layers}
             hidden = torch.stack(ctx.layer_hidden, 1) if ctx.layer_hidden else None
             yield start, rows, attention, hidden
@@ -238,17 +237,6 @@ class ModelRunner:
             probe=probe,
         )
         return torch.tensor(ids), torch.tensor(positions), ctx, last_rows, draft_rows
-
-
-@contextmanager
-def _kv_put_back(pool: KVCachePool, slots: Tensor) -> Iterator[None]:
-    """Whatever a pass writes to the pool's `slots` is undone when it ends."""
-    flat = [(c.flatten(0, 1), c.flatten(0, 1)[slots].clone()) for c in (*pool.k, *pool.v)]
-    try:
-        yield
-    finally:
-        for cache, kept in flat:
-            cache.index_copy_(0, slots, kept)
 
 
 def _split_rows(logits: Tensor, rows: list[list[int]]) -> list[Tensor | None]:

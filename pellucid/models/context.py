@@ -76,6 +76,9 @@ class ForwardContext:
     layer_hidden: list[Tensor] = field(default_factory=list)  # per layer (len(rows), dim)
     # What some requests of the step look at or change inside the pass; None: nothing
     probe: Probe | None = None
+    # False: the step's K and V are in the cache already (a trace's pass over positions its
+    # request computed): attention reads them there, and the cache keeps what was written first
+    write_kv: bool = True
 
 
 def see(ctx: ForwardContext | None, site: str, layer: int, x: Tensor) -> None:

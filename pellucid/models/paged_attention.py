@@ -141,8 +141,9 @@ def paged_attention(
     `kernel`: decode rows by decode_attention.c (see decode_kernel_fits), unless traced."""
     k_cache, v_cache = ctx.k_cache[layer], ctx.v_cache[layer]
     n_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
+    if ctx.write_kv:
+        k_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, n_kv, head_dim).index_copy_(0, ctx.slot_mapping, v.to(v_cache.dtype))
     keep = ctx.attention.setdefault(layer, []) if layer in ctx.capture_attention else None
     out = torch.empty_like(q)
     for i, s in enumerate(ctx.prefills):
