@@ -2,12 +2,13 @@
 
     .venv/bin/python benchmarks/tools.py [--model smollm2-135m] [--limit 30] [--threads 1]
         [--via python,server] [--constrained both|on|off] [--frequency-penalty 0.5]
+        [--server-dtype int4] [--python-dtype float32] [--replies FILE]
         [--categories simple,multiple,parallel,parallel_multiple,irrelevance] [--ids ...]
 
-python: LLM.generate from Python with the settings that suit a small model: greedy, a frequency
-penalty (0.5 by default; without one SmolLM2 loops inside some arguments, "Santa Barbara",
-"Santa Barbara", ...), parallel_tool_calls only where the category wants several calls, and
-max_tokens 256 (512 for the parallel ones); with and without the grammar.
+python: LLM.generate from Python (float32, or --python-dtype) with the settings that suit a small
+model: greedy, a frequency penalty (0.5 by default; without one SmolLM2 loops inside some
+arguments, "Santa Barbara", "Santa Barbara", ...), parallel_tool_calls only where the category
+wants several calls, and max_tokens 256 (512 for the parallel ones); with and without the grammar.
 server: `pellucid serve` driven by the official `openai` client the way its users send requests:
 model, messages, tools and tool_choice and nothing else, so temperature, top_p, max_tokens and
 parallel_tool_calls are the server's defaults (greedy for a reply that must call, the model's
@@ -162,6 +163,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="per category; 0 = all")
     ap.add_argument("--via", default="server,python", help="server, python or both")
     ap.add_argument("--server-dtype", default="int4", help="the server's --dtype (its default)")
+    ap.add_argument(
+        "--python-dtype", default="float32", help="LLM's dtype (float32: the reference figures)"
+    )
     ap.add_argument("--constrained", choices=("both", "on", "off"), default="both")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     ap.add_argument("--frequency-penalty", type=float, default=0.5)
@@ -190,7 +194,7 @@ def main() -> None:
                 rows.append({"route": "server", "constrained": True, **row})
                 report(rows[-1])
     if "python" in routes:
-        llm = LLM(args.model, dtype="float32")
+        llm = LLM(args.model, dtype=args.python_dtype)
         for c in categories:
             for constrained in modes:
                 replies, refused, seconds = python_route(
@@ -216,6 +220,8 @@ def main() -> None:
         tag += f"-via-{'-'.join(routes)}"
     if args.constrained != "both":
         tag += f"-grammar-{args.constrained}"
+    if "python" in routes and args.python_dtype != "float32":
+        tag += f"-python-{args.python_dtype}"
     save(
         f"tools{tag}",
         {
@@ -228,10 +234,11 @@ def main() -> None:
             "ids": args.ids,
             "frequency_penalty": args.frequency_penalty,
             "server_dtype": args.server_dtype,
+            "python_dtype": args.python_dtype,
             "results": rows,
             "peak_rss_mib": round(peak_rss_mib(), 1),
             "workload": "BFCL v4 entries in file order; tool_choice required (auto for "
-            "irrelevance). python: float32, greedy, frequency_penalty "
+            f"irrelevance). python: {args.python_dtype}, greedy, frequency_penalty "
             f"{args.frequency_penalty}, max_tokens 256 (512 for the parallel ones). server: "
             f"--dtype {args.server_dtype}, the openai client's defaults (model, messages, tools, "
             f"tool_choice only), {IN_FLIGHT} requests in flight",
