@@ -1,8 +1,8 @@
 """Decode attention over the paged KV pool: the compiled form (block by block, then each row's
 blocks merged) and pellucid's kernel (decode_attention.c) equal the eager form (block tables
 padded to the longest row, gathered, SDPA), for rows of different lengths, grouped KV heads, a
-sliding window and either cache dtype; and the explicit causal attention bfloat16 training uses
-equals SDPA's."""
+sliding window and either cache dtype; the explicit causal attention bfloat16 training uses
+equals SDPA's; and a step told not to write K/V reads the cache's."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from pellucid.engine.model_runner import _decode_batch
 from pellucid.models import build_model, kernels, layers
+from pellucid.models.context import ForwardContext, PrefillSlice
 from pellucid.models.paged_attention import (
     attend_causal,
     attend_causal_explicit,
@@ -21,6 +22,7 @@ from pellucid.models.paged_attention import (
     decode_attention_by_block,
     length_buckets,
     padded_mask,
+    paged_attention,
 )
 from pellucid.train.config import TrainConfig
 
@@ -146,3 +148,29 @@ def test_only_bfloat16_training_takes_the_explicit_attention(monkeypatch, dtype,
             for m in (model, peer):
                 m.layers[0].self_attn.attend_within(q, k, v, torch.arange(T))
     assert len(taken) == (1 if dtype == torch.bfloat16 and grad else 0)
+
+
+def test_a_step_that_writes_no_kv_attends_to_what_the_cache_holds():
+    """A trace's pass after the answer (write_kv=False) leaves the pool as the request's own
+    steps wrote it, and its queries read those keys and values, not the ones it recomputed."""
+    torch.manual_seed(0)
+    n_heads, n_kv, head_dim, length = 6, 2, 16, 7
+    k_cache = torch.zeros(4, BLOCK, n_kv, head_dim)
+    v_cache = torch.zeros(4, BLOCK, n_kv, head_dim)
+    table = torch.tensor([2, 0])
+    slots = table[torch.arange(length) // BLOCK] * BLOCK + torch.arange(length) % BLOCK
+    q = torch.randn(length, n_heads, head_dim)
+    k, v = torch.randn(length, n_kv, head_dim), torch.randn(length, n_kv, head_dim)
+
+    def step(k: torch.Tensor, v: torch.Tensor, write: bool) -> torch.Tensor:
+        chunk = PrefillSlice(0, length, length, table)
+        ctx = ForwardContext([k_cache], [v_cache], slots, [chunk], None, write_kv=write)
+        ctx.capture_attention.add(0)  # as the pass does: attention from the cache
+        return paged_attention(q, k, v, 0, ctx, None, 0.25)
+
+    written = step(k, v, True)
+    pool = (k_cache.clone(), v_cache.clone())
+    again = step(k + 1, v - 1, False)  # other K/V (a recompute rounded otherwise): not used
+    assert torch.equal(k_cache, pool[0]) and torch.equal(v_cache, pool[1])
+    torch.testing.assert_close(again, written, atol=0, rtol=0)
+    assert not torch.equal(step(k + 1, v - 1, True), written)  # had they been written
