@@ -67,9 +67,10 @@ $(CLUSTER): $(STAMP)
 	$(PIP) -e '.[cluster]'
 	touch $@
 
-# Two workers, each taking whole test files (a file's tests keep their order and fixtures)
+# Two workers, each taking whole test files (a file's tests keep their order and fixtures); the
+# slowest tests are listed at the end, to keep the two workers' shares even
 test: setup browser cluster
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 # The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
 test-fast: setup cluster
