@@ -222,6 +222,8 @@ def main() -> None:
         tag += f"-grammar-{args.constrained}"
     if "python" in routes and args.python_dtype != "float32":
         tag += f"-python-{args.python_dtype}"
+    if args.frequency_penalty != 0.5:
+        tag += f"-fp{args.frequency_penalty:g}"
     save(
         f"tools{tag}",
         {
