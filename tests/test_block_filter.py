@@ -81,3 +81,15 @@ def test_a_closing_tag_inside_a_string_says_the_model_lost_track() -> None:
     assert f.lost and f.json_at == "string" and "".join(out) == ""
     _, f = run('<tool_call>\n{"name": "f", "arguments": {"x": "</tool_"}}')
     assert not f.lost  # a part of the tag is only text
+
+
+def test_an_open_block_is_repeating_while_it_begins_an_earlier_one_word_for_word() -> None:
+    f = BlockFilter(TAGS)
+    f.feed(A[:20])
+    assert not f.repeating  # open, but no earlier block to repeat
+    f.feed(A[20:] + "\n")
+    assert not f.repeating  # closed: nothing open
+    f.feed('<tool_call>\n{"name": "f", "arguments": {"x": ')
+    assert f.repeating  # so far A again: the scheduler guesses the rest of A
+    f.feed("2")
+    assert not f.repeating  # now B, not a repeat

@@ -11,8 +11,11 @@ import torch
 
 from pellucid import LLM, SamplingParams
 from pellucid.config import EngineConfig
-from pellucid.engine.drafter import MAX_DRAFT, NgramDrafter, best_draft_len
+from pellucid.engine.drafter import MAX_DRAFT, NgramDrafter, best_draft_len, longest_match
 from pellucid.engine.sampling_params import TraceOptions
+from pellucid.engine.scheduler import DRAFT_ROWS
+from pellucid.structured import prepare_chat
+from pellucid.structured.chat_request import reply_defaults
 
 PARAGRAPH = (
     "The committee met on Tuesday to review the budget. It approved the new library, delayed "
@@ -393,3 +396,63 @@ def test_no_room_means_no_guess_even_when_forced():
     assert d.propose(tokens, most=0, force=True) == []
     assert d.propose(tokens, most=-3, force=True) == []
     assert d.propose(tokens, most=1, force=True) == [3]
+
+
+def test_a_repeated_call_is_guessed_from_its_start_not_from_the_closing_tag():
+    """The tokens of `<tool_call>` and `</tool_call>` end alike: after a new opening tag, the
+    latest n-gram match is the last closing tag, which was followed by the tag just written.
+    The longest earlier run the reply's tail repeats is the earlier call's own opening."""
+    open_tag, close_tag, nl, body = [1, 2, 3, 4, 5], [7, 2, 3, 4, 5], 6, [10, 11, 12]
+    prompt = [100, 101]
+    tokens = prompt + open_tag + [nl] + body + [nl] + close_tag + [nl] + open_tag + [nl]
+    assert NgramDrafter().propose(tokens, most=3, force=True) == [1, 2, 3]  # the tag again
+    assert longest_match(tokens, len(prompt)) == len(prompt) + len(open_tag) + 1
+    assert NgramDrafter().propose(tokens, most=3, repeat_from=len(prompt)) == body
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul", "Rome", "Dakar"]
+
+
+def test_a_batch_too_wide_for_drafts_still_checks_a_repeated_call_in_one_step(smollm2):
+    """Parallel calls allowed, SmolLM2 writes its call a second time (the repeat ends the
+    reply and is dropped). In a batch wider than DRAFT_ROWS nothing is guessed but the rest of
+    such a repeat, whole, in one step: the replies are those decoded without any guess."""
+    assert len(CITIES) > DRAFT_ROWS
+    requests = []
+    for i, city in enumerate(CITIES):
+        chat = prepare_chat(
+            smollm2.tokenizer,
+            [{"role": "user", "content": f"What is the weather in {city}?"}],
+            tools=[WEATHER],
+            tool_choice="required",
+        )
+        fields = reply_defaults(smollm2.sampling_defaults, chat.sampling_defaults)
+        # the first request, traced (tokens and steps: the compiled path), shows its guesses
+        params = SamplingParams(max_tokens=200, trace=i == 0, **fields, **chat.sampling_fields())
+        requests.append((smollm2.encode_chat(chat.prompt), params))
+    runs = {}
+    for speculative in (False, None):  # None: the engine's choice
+        engine = smollm2.engine
+        seqs = [engine.add_request(ids, replace(p, speculative=speculative)) for ids, p in requests]
+        while engine.has_unfinished():
+            engine.step()
+        runs[speculative] = seqs
+    assert [s.text for s in runs[None]] == [s.text for s in runs[False]]
+    first = runs[False][0]
+    shown = len(smollm2.tokenizer.encode(first.text))
+    assert first.text.count("<tool_call>") == 1 and len(first.output_ids) > 1.5 * shown  # twice
+    steps = runs[None][0].trace.trace.steps
+    assert max(len(s.draft) for s in steps) > DRAFT_ROWS  # past what a narrow step takes
+    assert max(s.draft_taken for s in steps) > MAX_DRAFT  # the repeat, checked in one pass

@@ -78,6 +78,13 @@ class BlockFilter:
         return "string start" if block.opened_at == len(self.held) - 1 else "string"
 
     @property
+    def repeating(self) -> bool:
+        """An open block whose text so far begins an earlier block of the reply word for word:
+        it may be heading for a repeat, which would end the reply (the scheduler then guesses
+        the rest of that block, so that the model checks it in one step)."""
+        return self._block is not None and any(b.startswith(self.held) for b in self.seen)
+
+    @property
     def lost(self) -> bool:
         """The open block's closing tag came inside one of its JSON strings: the model meant
         to end the call there and has lost track of its quotes (what follows rambles on)."""

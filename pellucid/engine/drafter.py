@@ -88,6 +88,22 @@ def best_draft_len(chance: float, most: int, rows: int = 1, context: int = 0) ->
     return best
 
 
+def longest_match(token_ids: Sequence[int], since: int) -> int | None:
+    """The position after the longest run of tokens, at or after `since`, that the sequence's
+    last tokens repeat (the latest of equal ones); None where its last token occurs nowhere
+    there. A reply writing an earlier tool call again: the run is that call's start, where an
+    n-gram of its opening tag would also find the closing tag, which ends in the same tokens."""
+    last = len(token_ids) - 1
+    best, best_len = None, 0
+    for end in range(last - 1, since - 1, -1):
+        k = 0
+        while k <= end - since and token_ids[end - k] == token_ids[last - k]:
+            k += 1
+        if k > best_len:
+            best, best_len = end + 1, k
+    return best
+
+
 class NgramDrafter:
     """One sequence's place in what it copies, its n-gram index, and its estimate of how often
     its guesses are taken."""
@@ -109,20 +125,28 @@ class NgramDrafter:
         most: int,
         force: bool = False,
         rows: int = 1,
+        repeat_from: int | None = None,
     ) -> list[int]:
         """Up to `most` guesses at the tokens after `token_ids`, for a step of `rows` rows
         without them: as many as pay at the estimated chance (any, with `force`); [] where
-        nothing earlier matches."""
+        nothing earlier matches. `repeat_from`: the reply (from that position) is writing one
+        of its earlier runs again (a tool call): up to `most` guesses, whatever the estimate,
+        copied from after the longest earlier run of the reply that its last tokens repeat."""
         self._extend(token_ids)
         self.source = None
+        if repeat_from is not None:
+            return self._copy(token_ids, longest_match(token_ids, repeat_from), most)
         n = min(most, MAX_DRAFT)
         if not force:
             context = len(token_ids)
             n = best_draft_len(self.chance, n, rows, context)
             if n == 0 and self.idle_steps >= RETRY_AFTER:
                 n = best_draft_len(RETRY_CHANCE, min(most, 1), rows, context)
-        start = self._copy_point(token_ids) if n > 0 else None
-        if start is None:
+        return self._copy(token_ids, self._copy_point(token_ids) if n > 0 else None, n)
+
+    def _copy(self, token_ids: Sequence[int], start: int | None, n: int) -> list[int]:
+        """The n tokens from `start` (fewer where the sequence ends first); [] without one."""
+        if start is None or n <= 0:
             self.idle_steps += 1
             self.cursor = None if self.cursor is None else self.cursor + 1
             return []

@@ -15,11 +15,19 @@ from dataclasses import dataclass, field
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
 from pellucid.engine.sequence import Sequence, Status
+from pellucid.models.dense import ROW_BUCKET
 from pellucid.models.quant import DENSE_ROWS
 
 # Rows a step may reach with drafts: past the packed layers' few-rows kernel, a step unpacks
 # matrices (models/quant.py), and a batch this wide is compute-bound: no guess pays there.
 DRAFT_ROWS = DENSE_ROWS
+# Except one: a tool call the reply is writing again word for word (Sequence.repeating_block),
+# which ends the reply once it closes (engine/block_filter.py). In a batch past DRAFT_ROWS its
+# rest is guessed whole, up to REPEAT_DRAFT tokens: checked in one step, the rows cost what
+# the steps of one row each would, and the reply ends that many steps sooner. The step stays
+# within STEP_ROWS, the most a compiled decode step takes (engine/compiled_decode.py).
+REPEAT_DRAFT = 64
+STEP_ROWS = 4 * ROW_BUCKET
 
 
 @dataclass(slots=True)
@@ -65,12 +73,11 @@ class Scheduler:
     def schedule(self) -> Batch:
         budget = self.cfg.max_num_batched_tokens
         items: list[ScheduledSeq] = []
-        spare_rows = DRAFT_ROWS - len(self.running)
-        if self.waiting or any(seq.num_pending > 1 for seq in self.running):
-            # No guesses beside a pre-fill: its step is bound by arithmetic, where no guess
-            # pays, and guesses would take rows from its chunk and move the chunk's bounds,
-            # which changes how its prompt is rounded (a greedy reply could change).
-            spare_rows = 0
+        # No guesses beside a pre-fill: its step is bound by arithmetic, where no guess pays,
+        # and guesses would take rows from its chunk and move the chunk's bounds, which
+        # changes how its prompt is rounded (a greedy reply could change).
+        may_draft = not (self.waiting or any(seq.num_pending > 1 for seq in self.running))
+        rows = len(self.running)  # in the step, drafts included, once all are scheduled
         i = 0
         while i < len(self.running) and budget > 0:  # running first, oldest first
             seq = self.running[i]
@@ -78,11 +85,10 @@ class Scheduler:
             if not self._make_room(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next one
             item = self._item(seq, n)
-            if n == 1 and seq.drafter is not None and spare_rows > 0:
-                rows = DRAFT_ROWS - spare_rows  # in the step so far, or still to come
-                item.drafts = self._drafts(seq, min(spare_rows, budget - 1), rows)
+            if n == 1 and seq.drafter is not None and may_draft:
+                item.drafts = self._drafts(seq, min(self._draft_room(seq, rows), budget - 1), rows)
                 item.n_tokens += len(item.drafts)
-                spare_rows -= len(item.drafts)
+                rows += len(item.drafts)
             items.append(item)
             budget -= item.n_tokens
             i += 1
@@ -106,14 +112,24 @@ class Scheduler:
     def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
         return ScheduledSeq(seq, n, samples=seq.num_computed + n == len(seq.token_ids))
 
+    def _draft_room(self, seq: Sequence, rows: int) -> int:
+        """The guesses seq may make in a step of `rows` rows so far: up to DRAFT_ROWS rows,
+        and a repeated block's rest in a batch already past them (see REPEAT_DRAFT)."""
+        if rows > DRAFT_ROWS and seq.repeating_block:
+            return min(REPEAT_DRAFT, STEP_ROWS - rows)
+        return DRAFT_ROWS - rows
+
     def _drafts(self, seq: Sequence, most: int, rows: int) -> list[int]:
         """Guesses at seq's next tokens, at most `most`, within its max_tokens and context, for
         a step of `rows` rows without them; [] where its blocks cannot grow for them without
-        taking another's."""
+        taking another's. A repeated block's rest is always guessed (REPEAT_DRAFT)."""
+        if most <= 0:
+            return []
         room = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - len(seq.token_ids))
         assert seq.drafter is not None
         force = seq.params.speculative is True
-        drafts = seq.drafter.propose(seq.token_ids, min(most, room - 1), force, rows)
+        repeat = len(seq.prompt_ids) if seq.repeating_block else None
+        drafts = seq.drafter.propose(seq.token_ids, min(most, room - 1), force, rows, repeat)
         if drafts and not self.block_manager.grow(
             seq.block_table, seq.num_computed + 1 + len(drafts)
         ):

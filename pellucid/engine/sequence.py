@@ -89,6 +89,11 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    @property
+    def repeating_block(self) -> bool:
+        """Its reply is inside a tagged block that so far repeats an earlier one (BlockFilter)."""
+        return self._blocks.repeating
+
     def append(self, token_id: int) -> str:
         """Add a sampled token; return the text it releases. Sets finish_reason when done."""
         self.output_ids.append(token_id)
