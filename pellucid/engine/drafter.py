@@ -24,7 +24,8 @@ occurrence of the sequence's last few tokens in a few dictionary reads, however 
 How much to guess: each guess costs a row of the step. The drafter estimates how often its
 guesses are taken, and makes a draft only as long as it promises more tokens per second than
 a plain step, for the whole batch: drafting stops on prose it cannot predict and in batches
-whose rows fill the step.
+whose rows fill the step. One case is guessed whatever the estimate and the batch: a tool call
+the reply has begun to write again (`repeat_from`, engine/scheduler.py's REPEAT_DRAFT), whole.
 """
 
 from __future__ import annotations
