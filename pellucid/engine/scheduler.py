@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
+from pellucid.engine.compiled_decode import most_rows
 from pellucid.engine.sequence import Sequence, Status
-from pellucid.models.dense import ROW_BUCKET
 from pellucid.models.quant import DENSE_ROWS
 
 # Rows a step may reach with drafts: past the packed layers' few-rows kernel, a step unpacks
@@ -25,9 +25,9 @@ DRAFT_ROWS = DENSE_ROWS
 # which ends the reply once it closes (engine/block_filter.py). In a batch past DRAFT_ROWS its
 # rest is guessed whole, up to REPEAT_DRAFT tokens: checked in one step, the rows cost what
 # the steps of one row each would, and the reply ends that many steps sooner. The step stays
-# within STEP_ROWS, the most a compiled decode step takes (engine/compiled_decode.py).
+# within STEP_ROWS, the most the many-row step compiled ahead takes (engine/aot_decode.py).
 REPEAT_DRAFT = 64
-STEP_ROWS = 4 * ROW_BUCKET
+STEP_ROWS = most_rows(DRAFT_ROWS + 1)
 
 
 @dataclass(slots=True)
