@@ -71,7 +71,7 @@ def gpl_paragraph() -> str:
 
 
 def code_snippet() -> str:
-    source = (ROOT / "pellucid" / "engine" / "sampler.py").read_text()
+    source = (ROOT / "pellucid" / "engine" / "sampling_ops.py").read_text()
     start = source.index("def top_k_mask")
     return source[start : source.index("\n\n\n", start)]
 

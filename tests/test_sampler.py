@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from pellucid.engine import sampler as sampler_module
-from pellucid.engine.sampler import (
-    SamplerState,
+from pellucid.engine.sampler import SamplerState, sample
+from pellucid.engine.sampling_ops import (
     apply_penalties,
     apply_temperature,
     exponential_race,
     min_p_mask,
-    sample,
     top_k_mask,
     top_p_mask,
 )
