@@ -86,7 +86,9 @@ class Scheduler:
                 continue  # seq itself was preempted; running[i] is now the next one
             item = self._item(seq, n)
             if n == 1 and seq.drafter is not None and may_draft:
-                item.drafts = self._drafts(seq, min(self._draft_room(seq, rows), budget - 1), rows)
+                repeat = seq.repeating_block  # read once: it compares the reply's calls
+                most = min(_draft_room(rows, repeat), budget - 1)
+                item.drafts = self._drafts(seq, most, rows, repeat)
                 item.n_tokens += len(item.drafts)
                 rows += len(item.drafts)
             items.append(item)
@@ -112,24 +114,17 @@ class Scheduler:
     def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
         return ScheduledSeq(seq, n, samples=seq.num_computed + n == len(seq.token_ids))
 
-    def _draft_room(self, seq: Sequence, rows: int) -> int:
-        """The guesses seq may make in a step of `rows` rows so far: up to DRAFT_ROWS rows,
-        and a repeated block's rest in a batch already past them (see REPEAT_DRAFT)."""
-        if rows > DRAFT_ROWS and seq.repeating_block:
-            return min(REPEAT_DRAFT, STEP_ROWS - rows)
-        return DRAFT_ROWS - rows
-
-    def _drafts(self, seq: Sequence, most: int, rows: int) -> list[int]:
+    def _drafts(self, seq: Sequence, most: int, rows: int, repeat: bool) -> list[int]:
         """Guesses at seq's next tokens, at most `most`, within its max_tokens and context, for
         a step of `rows` rows without them; [] where its blocks cannot grow for them without
-        taking another's. A repeated block's rest is always guessed (REPEAT_DRAFT)."""
+        taking another's. A repeated block's rest (`repeat`) is always guessed (REPEAT_DRAFT)."""
         if most <= 0:
             return []
         room = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - len(seq.token_ids))
         assert seq.drafter is not None
         force = seq.params.speculative is True
-        repeat = len(seq.prompt_ids) if seq.repeating_block else None
-        drafts = seq.drafter.propose(seq.token_ids, min(most, room - 1), force, rows, repeat)
+        since = len(seq.prompt_ids) if repeat else None
+        drafts = seq.drafter.propose(seq.token_ids, min(most, room - 1), force, rows, since)
         if drafts and not self.block_manager.grow(
             seq.block_table, seq.num_computed + 1 + len(drafts)
         ):
@@ -200,3 +195,11 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free_table(seq.block_table)
+
+
+def _draft_room(rows: int, repeat: bool) -> int:
+    """The guesses a sequence may make in a step of `rows` rows so far: up to DRAFT_ROWS rows,
+    and the rest of a repeated block (`repeat`) in a batch already past them (REPEAT_DRAFT)."""
+    if rows > DRAFT_ROWS and repeat:
+        return min(REPEAT_DRAFT, STEP_ROWS - rows)
+    return DRAFT_ROWS - rows
