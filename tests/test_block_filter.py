@@ -72,6 +72,10 @@ def test_where_the_json_of_an_open_block_stands() -> None:
     assert seen[12] == "outside" and seen[13] == "string start" and seen[14] == "string"
     # the last 8 characters: "a\"b"}}
     assert seen[-8:] == ["string start"] + ["string"] * 4 + ["outside"] * 3
+    # after a key's colon, and the space after it, the key's value comes next
+    colon = 12 + len('{"name"')
+    assert seen[colon : colon + 3] == ["value", "value", "string start"]
+    assert seen[colon + 5] == "outside"  # past "f", the comma
     assert not f.lost
 
 

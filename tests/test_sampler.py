@@ -218,6 +218,23 @@ def test_frequency_penalty_grows_with_repeats_and_presence_ignores_prompt():
     assert sample(logits, [prompt_only]).token_ids.item() == 0
 
 
+def test_where_a_tool_calls_argument_value_begins_no_penalty_applies():
+    # Token 0 stands for ` "` (a value's opening quote, used by every earlier value of the call),
+    # token 1 for ` "",` (a whole empty string, never used): counted, the penalty picks 1.
+    logits = torch.tensor([[1.0, 0.8]])
+    state = SamplerState(SamplingParams(temperature=0, frequency_penalty=0.5), [], 2)
+    state.update(0)
+    state.json_at = "outside"  # elsewhere in the call the penalty holds: 1.0 - 0.5 < 0.8
+    assert sample(logits, [state]).token_ids.item() == 1
+    state.json_at = "value"  # a key's colon came last
+    assert sample(logits, [state]).token_ids.item() == 0
+    assert state.counts.tolist() == [1, 0]  # the count itself stays, for the steps after
+    # in a batch, only that row goes unpenalized
+    other = SamplerState(SamplingParams(temperature=0, frequency_penalty=0.5), [], 2)
+    other.update(0)
+    assert sample(logits.expand(2, -1), [state, other]).token_ids.tolist() == [0, 1]
+
+
 def test_temperature_to_zero_becomes_argmax():
     logits = torch.tensor([0.0, 3.0, 1.0, 2.0])  # gaps >= 1: at T=0.01 others have p < e^-100
     assert draw(logits, SamplingParams(temperature=0.01), 1000).eq(1).all()

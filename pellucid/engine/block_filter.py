@@ -14,8 +14,8 @@ so neither reaches the text, the stream or the client. A block still open when t
 (cut off at max_tokens) is left out too.
 
 Reading the JSON of the open block, the filter also tells the sampler where it stands
-(`json_at`: a string just opened, inside one, outside) and whether the model has lost track
-(`lost`: the closing tag came inside a string), for sampler.constrain's repairs.
+(`json_at`: a string just opened, inside one, a value next, outside) and whether the model has
+lost track (`lost`: the closing tag came inside a string), for sampler.constrain's repairs.
 """
 
 from __future__ import annotations
@@ -68,13 +68,14 @@ class BlockFilter:
     @property
     def json_at(self) -> str | None:
         """Where the open block's JSON stands after the text seen: "string start" (a string's
-        opening quote came last), "string", "outside" a string, or None with no block open.
-        (SamplerState.json_at; sampler.constrain reads it.)"""
+        opening quote came last), "string", "value" (outside a string, a key's colon came
+        last: its value begins next), "outside" a string elsewhere, or None with no block open.
+        (SamplerState.json_at; sampler.constrain and the penalties read it.)"""
         block = self._block
         if block is None:
             return None
         if not block.in_string:
-            return "outside"
+            return "value" if self.held.rstrip().endswith(":") else "outside"
         return "string start" if block.opened_at == len(self.held) - 1 else "string"
 
     @property

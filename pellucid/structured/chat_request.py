@@ -23,7 +23,8 @@ CLOSE_MARGIN = 32
 # within each call: without it a small model loops inside argument values ("Santa Barbara",
 # "Santa Barbara", ...; "Minnesota_2020_2021_2022...") until its tokens run out, 9 of the first
 # 100 simple questions at temperature 0.2. The grammar forces the JSON around the values, so the
-# penalty weighs on the values alone.
+# penalty weighs on the values, but not on a value's first token (where it would pick a one-token
+# empty string over the opening quote every value shares; sampler._penalize).
 CALL_SAMPLING = {"temperature": 0.0, "frequency_penalty": 0.5, "penalties_per_block": True}
 
 
