@@ -75,7 +75,7 @@ class BlockFilter:
         if block is None:
             return None
         if not block.in_string:
-            return "value" if self.held.rstrip().endswith(":") else "outside"
+            return "value" if block.last == ":" else "outside"
         return "string start" if block.opened_at == len(self.held) - 1 else "string"
 
     @property
@@ -108,6 +108,7 @@ class _BlockEnd:
         self.pos = start  # next character to look at
         self.in_string = self.escaped = False
         self.opened_at = -1  # where the string being read began (its quote)
+        self.last = ""  # the last character read outside a string that is not white space
         self.tag_in_string = False  # the closing tag came inside a string: the model lost track
 
     def find(self, text: str) -> int:
@@ -133,5 +134,7 @@ class _BlockEnd:
                     return self.pos + len(self.close)
                 if self.close.startswith(text[self.pos :]):
                     return -1  # the tag may be arriving: look here again with more text
+            if not self.in_string and not c.isspace():
+                self.last = c  # a string's closing quote too
             self.pos += 1
         return -1
