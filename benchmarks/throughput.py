@@ -115,14 +115,14 @@ def pooled(outs: list[dict], seqs: list[int]) -> dict[str, object]:
 
 def report(result: dict, seqs: list[int]) -> None:
     ours, peer = result["pellucid"], result.get("llama_cpp")
+    single = ours.get("seqs_1_tok_s")  # measured only where --seqs names 1
     for n in seqs:
         key = f"seqs_{n}_tok_s"
         s = ours[key]
-        line = (
-            f"{n:3d} sequences  median {s['median']:7.1f}  min {s['min']:7.1f}  "
-            f"max {s['max']:7.1f} tok/s  x{s['median'] / ours['seqs_1_tok_s']['median']:.2f} "
-            "single stream"
-        )
+        line = f"{n:3d} sequences  median {s['median']:7.1f}  min {s['min']:7.1f}  "
+        line += f"max {s['max']:7.1f} tok/s"
+        if single is not None:
+            line += f"  x{s['median'] / single['median']:.2f} single stream"
         if peer is not None:
             p = peer[key]
             ratio = result.setdefault("ratios_vs_llama_cpp", {})[key] = round(

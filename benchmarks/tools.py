@@ -121,7 +121,7 @@ def pellucid_changes() -> list[str]:
         capture_output=True,
         text=True,
         check=False,
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parents[1],  # the repository: "pellucid" is its folder
     )
     return [line[3:] for line in out.stdout.splitlines()]
 
@@ -218,6 +218,8 @@ def main() -> None:
     tag = "" if default else f"-{'-'.join(c.name for c in categories)}-n{size}"
     if routes != ["server", "python"]:
         tag += f"-via-{'-'.join(routes)}"
+    if "server" in routes and args.server_dtype != "int4":
+        tag += f"-{args.server_dtype}"
     if args.constrained != "both":
         tag += f"-grammar-{args.constrained}"
     if "python" in routes and args.python_dtype != "float32":

@@ -15,12 +15,12 @@ extensions. Any checkpoint of the same architecture shares it.
 
 Two packages: one for a few rows (1..DENSE_ROWS: a request alone, its guesses (drafter.py), a
 few batch-mates) and one for many (up to 128: a batch of decoding requests, multiplied by the
-packed layers' dense copies); the number of rows, the block-table width and the pool's size are
-dynamic. One graph for one row and for a few, unlike torch.compile's (compiled_decode.py), which
-specializes one row: the graph's code is the same for every row count, so a row's logits do not
-change when guesses or a batch-mate join it, and a greedy reply is the same either way. The
-dense copies exist only once a batch needs them (models/quant.py), so the package for many rows
-is loaded at its first step.
+dense copies of the packed layers that keep them: quant.py); the number of rows, the block-table
+width and the pool's size are dynamic. One graph for one row and for a few, unlike
+torch.compile's (compiled_decode.py), which specializes one row: the graph's code is the same
+for every row count, so a row's logits do not change when guesses or a batch-mate join it, and
+a greedy reply is the same either way. The dense copies exist only once a batch needs them
+(models/quant.py), so the package for many rows is loaded at its first step.
 Steps of more rows, pre-fill and traced steps stay eager (or go to torch.compile with
 `compile=True`).
 

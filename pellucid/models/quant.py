@@ -23,7 +23,11 @@ matrices stay int8. On AVX2 without AVX-512, where torch's kernels multiply in f
 decoding fell behind llama.cpp, and on AVX-512 with VNNI, rows go instead to pellucid's own
 integer kernels (models/rowdot.py): int4 matrices take their layout (Int4DotLinear). These beat
 float32 GEMMs (AVX2) and bf16 ones without AMX at any row count, so no dense copies are kept
-(`rowdot_rows()`); on AVX2 int8 matrices take them too.
+(`rowdot_rows()`); int8 matrices take them too, for a few rows, and on AVX2 for all
+(`rowdot.int8_every_row()`); the LM head for all without AMX. A model whose decoder is int4
+(SmolLM2) then has every product of a decode step by rowdot at every row count, whose sums for
+a row do not depend on the rows beside it: a greedy reply is the same alone, beside its guesses
+or in any batch.
 
 The model's projections that read the same input (Q/K/V, gate/up) are one matrix each already
 (models/layers.py): one kernel call instead of three or two per layer.
@@ -299,7 +303,8 @@ class Int8Linear(PackedLinear):
         self.fbgemm = False  # set by use_fbgemm: a few rows go to fbgemm
         self.logits = False  # the LM head: float32 out of the kernels that can
         # rowdot's kernel, where it is the fast path (it steps by 4 channels and rounds rows in
-        # groups of 32): for every row count on AVX2, else up to UNPACK_ROWS rows
+        # groups of 32): for every row count on AVX2 (and the LM head without AMX: quantize),
+        # else up to UNPACK_ROWS rows
         self.rowdot = rowdot.available() and out_features % 4 == 0 and in_features % GROUP == 0
         every = self.rowdot and rowdot.int8_every_row()
         self.rowdot_rows = ROWDOT_ROWS if every else UNPACK_ROWS
@@ -388,8 +393,16 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
             if type(lin) is nn.Linear:
                 key = f"layers.{name}.{child}"
                 setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
-    model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
-    model.lm_head.logits = True
+    head = model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
+    head.logits = True
+    if head.rowdot and not onednn_amx():
+        # Every row count by rowdot's kernel, whose sums for a row do not depend on the rows
+        # beside it: a row's logits are the same alone and in any batch, so a greedy reply does
+        # not change with what else is decoding (the bf16 table it took past DENSE_ROWS changed
+        # 7 of 12 SmolLM2 replies). Faster, too, up to 48 rows; past them it costs ~1% of a
+        # step's time (benchmarks/results/comments.md). The head multiplies only the rows that
+        # sample, never a whole pre-fill. With AMX, bf16 on AMX tiles wins for many rows.
+        head.rowdot_rows = ROWDOT_ROWS
     share_embedding(model)
     return model
 
@@ -415,9 +428,11 @@ def use_fbgemm_head(model: LlamaModel) -> None:
 
 
 def share_embedding(model: LlamaModel) -> None:
-    """A tied head's bf16 matrix for many rows is the embedding table itself: no second copy.
-    (Call again after load_state_dict(assign=True) replaces the table.) Where the dense copies
-    are float32, the head makes its own, as the decoder's layers do."""
-    if model.cfg.tie_embeddings and dense_dtype() == torch.bfloat16:
+    """A tied head's bf16 matrix for many rows, where it keeps one (with AMX), is the embedding
+    table itself: no second copy. (Call again after load_state_dict(assign=True) replaces the
+    table.) Where the dense copies are float32, the head makes its own, as the decoder's layers
+    do."""
+    head = model.lm_head
+    if model.cfg.tie_embeddings and dense_dtype() == torch.bfloat16 and head.keeps_dense():
         # detached: a plain tensor attribute, not a second parameter
-        model.lm_head.dense = model.embed_tokens.weight.detach()
+        head.dense = model.embed_tokens.weight.detach()

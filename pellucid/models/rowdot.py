@@ -47,8 +47,9 @@ def available() -> bool:
 def int8_every_row() -> bool:
     """Whether the int8 kernel takes int8 matrices at every row count: only without AVX-512,
     where the alternatives widen to float32. With AVX-512 it takes a few rows (Gemma's int8
-    decoder matrices while decoding; fbgemm the LM head's) and bf16 GEMMs the many: its int8
-    loop keeps no rows in registers."""
+    decoder matrices while decoding) and bf16 GEMMs the many: a 512-token pre-fill took 1.2x
+    as long with it (benchmarks/results/comments.md). The LM head is the exception: see
+    quant.quantize."""
     return available() and "avx512f" not in cpu_flags()
 
 
