@@ -395,14 +395,13 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
                 setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
     head = model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
     head.logits = True
-    if head.rowdot and not onednn_amx():
-        # Every row count by rowdot's kernel, whose sums for a row do not depend on the rows
-        # beside it: a row's logits are the same alone and in any batch, so a greedy reply does
-        # not change with what else is decoding (the bf16 table it took past DENSE_ROWS changed
-        # 7 of 12 SmolLM2 replies). Faster, too, up to 48 rows; past them it costs ~1% of a
-        # step's time (benchmarks/results/comments.md). The head multiplies only the rows that
-        # sample, never a whole pre-fill. With AMX, bf16 on AMX tiles wins for many rows.
-        head.rowdot_rows = ROWDOT_ROWS
+    if head.rowdot:
+        # As many rows as rowdot's int4 layers take (every count unless AMX): its sums for a row
+        # do not depend on the rows beside it, so a greedy reply does not change with its batch
+        # (the bf16 table past DENSE_ROWS changed 7 of 12 SmolLM2 replies), and it was faster up
+        # to 48 rows, ~1% slower past them (benchmarks/results/comments.md). The head takes
+        # only the rows that sample, never a whole pre-fill.
+        head.rowdot_rows = rowdot_rows()
     share_embedding(model)
     return model
 
