@@ -155,3 +155,15 @@ def test_a_salt_keeps_prefixes_apart_and_lookup_off_reads_none():
     same, cached = bm.allocate_prefix(tokens, salt="ablate")
     assert cached == 8 and same == table[:2]
     assert bm.allocate_prefix(tokens, salt="ablate", lookup=False)[1] == 0
+
+
+def test_a_prefix_hit_ends_at_a_multiple_it_is_given():
+    # the scheduler's pre-fill chunks start at multiples of its `align`: a hit stops at one
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = list(range(14))
+    table_a, _ = admit(bm, a)
+    compute(bm, table_a, a)  # three full blocks sealed
+    table, cached = bm.allocate_prefix(a + [99], multiple=8)
+    assert cached == 8 and table == table_a[:2] and bm.hits == 8
+    assert bm.blocks[table_a[2]].ref_count == 1  # the third block was not taken
+    assert bm.allocate_prefix(a + [99])[1] == 12  # block by block: all three

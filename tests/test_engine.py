@@ -116,7 +116,9 @@ def test_prefix_cache_hit(llm, prompts, expected):
     while engine.has_unfinished():
         engine.step()
     assert first.output_ids == expected[4]
-    assert second.num_cached >= len(shared) - 4  # all full blocks of the shared prompt hit
+    # the shared prompt's full blocks hit, up to where a stretch of its pre-fill begins
+    align = engine.scheduler.align
+    assert second.num_cached == (len(shared) - 1) // 4 * 4 // align * align > 0
     assert second.output_ids == reference_greedy(llm.model, longer)
 
 

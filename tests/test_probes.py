@@ -327,7 +327,7 @@ def test_the_server_refuses_bad_interventions_and_goes_on(client):
 
 def test_one_positions_view_read_over_the_prefix_cache_is_the_full_passes(tiny):
     """inspect_position computes only the last position, its context from the prefix cache:
-    33 tokens leave one to compute after two cached blocks (a decode row), 40 leave a chunk."""
+    33 tokens leave one to compute after two cached blocks, 40 leave a chunk."""
     from pellucid.probing import inspect_position
 
     for n in (33, 40):

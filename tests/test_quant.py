@@ -394,21 +394,23 @@ def test_fbgemm_head_perplexity_is_within_one_percent_of_float32(smollm2):
     assert (top8 == top32).float().mean() > 0.85
 
 
-def test_fast_path_generates_the_same_text_alone_and_batched():
-    """A greedy reply does not change with its batch: each row's result is independent of its
-    neighbours. Where rowdot takes every row count of every matrix (no AMX), for any batch:
-    12 rows decode together here, past the few-row kernels' DENSE_ROWS (the LM head once took
-    its bf16 table there, and 7 of these 12 replies changed). Elsewhere batches past DENSE_ROWS
-    take bf16 copies, whose sums depend on the rows: there only a few rows are checked.
-    Without the prefix cache: a prompt whose start was cached pre-fills only its rest, its
-    queries in one attention call apart from the others', and SDPA's sums for a row depend on
-    the rows of its call (now and then by one bf16 step)."""
+def test_fast_path_generates_the_same_text_however_the_traffic_runs():
+    """A greedy reply does not change with the traffic beside it: the same tokens, and the same
+    logprobs to the last bit, alone or batched, decoded by the step compiled ahead or eagerly,
+    its prompt pre-filled whole or in chunks beside others' decode rows, or after a cached
+    prefix. Each row's result is independent of its neighbours: rowdot's sums for a row never
+    see another (where it takes every row count of every matrix: no AMX), pre-fill attention
+    takes the same stretches of queries however a prompt is cut (paged_attention.attend_prefill),
+    and the compiled step rounds as the eager one does. 12 rows decode together here, past the
+    few-row kernels' DENSE_ROWS (the LM head once took its bf16 table there, and 7 of these 12
+    replies changed). Elsewhere batches past DENSE_ROWS take bf16 copies, whose sums depend on
+    the rows: there only a few rows are checked."""
     from pellucid import SamplingParams
     from pellucid.config import EngineConfig
     from pellucid.cpu import onednn_amx
 
-    llm = LLM("smollm2-135m", dtype="int4", engine=EngineConfig(enable_prefix_caching=False))
-    params = SamplingParams(temperature=0, max_tokens=32)
+    llm = LLM("smollm2-135m", dtype="int4")
+    params = SamplingParams(temperature=0, max_tokens=32, logprobs=3)
     questions = [
         "What is the capital of France?", "Write a haiku about rain.", "Explain gravity to a child.",
         "List three prime numbers.", "How do I boil an egg?", "Name a painter and a painting.",
@@ -417,11 +419,28 @@ def test_fast_path_generates_the_same_text_alone_and_batched():
     ]  # fmt: skip
     if onednn_amx() or not rowdot.available():  # many rows take bf16 copies
         questions = questions[: quant.DENSE_ROWS]
-    prompts = [llm.chat_prompt([{"role": "user", "content": q}]) for q in questions]
-    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
-    batched = [o.token_ids for o in llm.generate(prompts, params)]
-    assert alone == batched
-    assert len({tuple(a) for a in alone}) == len(questions)  # real replies, each its own
+    # a long system prompt that all share: the cache holds it after the first request
+    system = "You are a careful assistant. " * 12
+    prompts = [
+        llm.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": q}])
+        for q in questions
+    ]
+
+    def replies(llm: LLM, together: bool) -> list[tuple[list[int], list]]:
+        outs = llm.generate(prompts, params) if together else [
+            llm.generate([p], params)[0] for p in prompts
+        ]  # fmt: skip
+        return [(o.token_ids, o.logprobs) for o in outs]
+
+    alone = replies(llm, together=False)
+    assert llm.engine.block_manager.hits >= 64 * (len(prompts) - 1)  # the system prompt hit
+    assert replies(llm, together=True) == alone
+    # 48 tokens a step: each prompt pre-fills in chunks, beside the others' decode rows
+    chunked = LLM("smollm2-135m", dtype="int4", engine=EngineConfig(max_num_batched_tokens=48))
+    assert replies(chunked, together=True) == alone
+    eager = LLM("smollm2-135m", dtype="int4", engine=EngineConfig(compiled_ahead=False))
+    assert replies(eager, together=True) == alone
+    assert len({tuple(a) for a, _ in alone}) == len(questions)  # real replies, each its own
 
 
 def test_packed_weights_are_cached_and_loaded_without_the_float_model(

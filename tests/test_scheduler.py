@@ -68,6 +68,34 @@ def test_decode_rows_and_prefill_chunks_share_a_step():
     assert step(s) == [(a, 1, True), (b, 15, False)]  # a decodes; b gets the rest of the budget
 
 
+def test_a_prefill_chunk_that_leaves_part_of_its_prompt_ends_at_a_stretch():
+    # so that a prompt's attention takes the same stretches of queries however it is cut
+    # (paged_attention.attend_prefill): chunks end at multiples of lcm(32, block size)
+    s = make(budget=40)
+    seq = FakeSeq(list(range(100)))
+    s.add(seq)
+    assert [step(s) for _ in range(3)] == [[(seq, 32, False)]] * 2 + [[(seq, 36, True)]]
+    # two decode rows leave 38 of the budget: b's chunk ends at 32, then its last 8 follow
+    a1, a2, b = FakeSeq([1]), FakeSeq([2]), FakeSeq(list(range(100, 140)))
+    s = make(budget=40)
+    s.add(a1)
+    s.add(a2)
+    step(s)
+    s.add(b)
+    assert step(s) == [(a1, 1, True), (a2, 1, True), (b, 32, False)]
+    assert step(s) == [(a1, 1, True), (a2, 1, True), (b, 8, True)]
+    # ten decode rows leave 30: b's chunk could not reach 32, so b waits, its blocks handed back
+    s = make(budget=40, max_seqs=16)
+    rows = [FakeSeq([i]) for i in range(10)]
+    for r in rows:
+        s.add(r)
+    step(s)
+    b = FakeSeq(list(range(100, 140)))
+    s.add(b)
+    assert step(s) == [(r, 1, True) for r in rows]
+    assert b.status == Status.WAITING and b.block_table == []
+
+
 def test_first_come_first_served_and_max_num_seqs():
     s = make(budget=100, max_seqs=2)
     seqs = [FakeSeq([i] * 3) for i in range(3)]
@@ -97,17 +125,18 @@ def test_preemption_frees_the_newest_and_recomputes_it_later():
     assert items == [(a, 1, True)]
     assert b.status is Status.WAITING and b.num_computed == 0 and b.block_table == []
     assert s.waiting[0] is b and s.num_preemptions == 1
-    s.finish(a)  # a leaves: b comes back and recomputes its prompt and its sampled tokens...
-    # ...except its first block, still in the prefix cache (a's third block took b's second).
-    assert step(s) == [(b, 9 - 4, True)]
+    s.finish(a)  # a leaves: b comes back and recomputes its prompt and its sampled tokens,
+    # all 9: its first block is still in the prefix cache (a's third block took b's second),
+    # but a hit counts only up to a multiple of 32 tokens (the scheduler's align)
+    assert step(s) == [(b, 9, True)]
 
 
 def test_prefix_hit_skips_cached_tokens():
     s = make(block_size=4, budget=64)
-    a = FakeSeq(list(range(12)))
+    a = FakeSeq(list(range(40)))
     s.add(a)
     step(s)
-    b = FakeSeq(list(range(8)) + [90, 91, 92])
+    b = FakeSeq(list(range(36)) + [90, 91, 92])  # 9 blocks shared: a hit of 32 (the align)
     s.add(b)
     items = step(s)
-    assert (b, 3, True) in items and b.num_cached == 8
+    assert (b, 7, True) in items and b.num_cached == 32

@@ -59,6 +59,7 @@ OPTIONS = {
     "alignment_asserts": False,
     "scalar_asserts": False,
     "realize_cpu_opcount_threshold": 8,
+    "emulate_precision_casts": True,
     # the weights stay out of the library; the few tensors the compiler makes itself (the
     # int4 kernel's group size) are stored beside it, read at load
     "aot_inductor.package_constants_in_so": False,
@@ -130,8 +131,10 @@ def build(model: LlamaModel, example: Example, kind: int, path: Path) -> None:
     # export would specialize a size that is 1 in the example: the few-row one is traced on 2
     step = example(max(kind, 2))
     dims = _dims(step[2], kind)
-    # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling)
-    ep = torch.export.export(DecodeStep(model), _args(*step), dynamic_shapes=dims, strict=True)
+    # strict: traced by dynamo, as torch.compile traces (the model branches on is_compiling);
+    # without gradients, as the runner's steps run (the model branches on that too: RMSNorm)
+    with torch.no_grad():
+        ep = torch.export.export(DecodeStep(model), _args(*step), dynamic_shapes=dims, strict=True)
     with atomic_path(path) as tmp:
         full = tmp.with_name(tmp.name + ".full.pt2")
         try:

@@ -68,11 +68,16 @@ class BlockManager:
         return -(-n_tokens // self.block_size)
 
     def allocate_prefix(
-        self, token_ids: list[int], salt: str | None = None, lookup: bool = True
+        self,
+        token_ids: list[int],
+        salt: str | None = None,
+        lookup: bool = True,
+        multiple: int | None = None,
     ) -> tuple[list[int], int]:
         """Blocks for a new sequence's cached prefix: (block table, tokens already computed).
         Only blocks sealed under the same `salt` match; `lookup=False`: none (a capture must
-        compute every position).
+        compute every position). The prefix taken ends at a multiple of `multiple` tokens (a
+        multiple of the block size): the scheduler's pre-fill chunks start only there.
 
         The block holding the last token is never taken from the cache, so at least one token is
         computed and yields the logits for the next one.
@@ -87,8 +92,11 @@ class BlockManager:
             block_id = self.cached.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
                 break
-            self._ref(block_id)
             table.append(block_id)
+        per = (multiple or self.block_size) // self.block_size  # blocks in a multiple
+        del table[len(table) // per * per :]
+        for block_id in table:
+            self._ref(block_id)
         self.hits += len(table) * self.block_size
         return table, len(table) * self.block_size
 

@@ -64,6 +64,10 @@ OPTIONS = {
     # recompute it inside the attention loop for every key it meets: over a long context that
     # recomputation outweighed the rest of the step.
     "realize_cpu_opcount_threshold": 8,
+    # Round each op's bfloat16 result as the eager step does, where a fused kernel would keep
+    # it in float32: else the compiled step's logits part from an eager step's (a pre-fill, a
+    # traced or steered request), and a greedy reply changes with the step that decoded it.
+    "emulate_precision_casts": True,
 }
 
 

@@ -219,7 +219,7 @@ class ModelRunner:
             table = torch.tensor(seq.block_table)
             pos = torch.arange(start, end)
             slots.append(table[pos // bs] * bs + pos % bs)
-            if it.n_tokens == 1 or it.drafts:  # one query a row: batched with the decode rows
+            if it.decodes:  # one query a row: batched with the decode rows
                 decode_rows += range(row, row + it.n_tokens)
                 decode_tables += [seq.block_table] * it.n_tokens
                 decode_lens += range(start + 1, end + 1)  # each sees itself and those before

@@ -2,12 +2,15 @@
 
 Every step has a token budget. Running sequences go first (one token each when decoding, the next
 chunk when a long prompt is being pre-filled), then waiting ones are admitted first-come
-first-served while budget and KV blocks last. When a running sequence needs a block and none is
+first-served while budget and KV blocks last. A chunk that leaves part of its prompt for later
+ends at a multiple of `align` positions, where a prefix-cache hit ends too: a prompt's rows are
+then computed the same to the bit however the traffic cut it (see _chunk). When a running sequence needs a block and none is
 free, the newest running sequence is preempted: its blocks are freed and it is recomputed later.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,6 +19,7 @@ from pellucid.config import EngineConfig
 from pellucid.engine.block_manager import BlockManager
 from pellucid.engine.compiled_decode import most_rows
 from pellucid.engine.sequence import Sequence, Status
+from pellucid.models.paged_attention import PREFILL_STRETCH
 from pellucid.models.quant import DENSE_ROWS
 
 # Rows a step may reach with drafts: past the packed layers' few-rows kernel, a step unpacks
@@ -46,6 +50,13 @@ class ScheduledSeq:
         """Its first position this step (until the scheduler counts the step)."""
         return self.seq.num_computed if self.start is None else self.start
 
+    @property
+    def decodes(self) -> bool:
+        """Whether its tokens go in as decode rows, one query each, batched with the others': a
+        generated token and its guesses. A prompt's last token alone (the rest was cached)
+        stays a pre-fill, rounded as the prompt's other tokens are (see _chunk)."""
+        return bool(self.drafts) or (self.n_tokens == 1 and self.first >= len(self.seq.prompt_ids))
+
 
 @dataclass(slots=True)
 class Batch:
@@ -60,6 +71,8 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, block_manager: BlockManager):
         self.cfg = cfg
         self.block_manager = block_manager
+        # where pre-fill chunks and prefix-cache hits end: whole blocks and whole stretches
+        self.align = math.lcm(PREFILL_STRETCH, block_manager.block_size)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -81,7 +94,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:  # running first, oldest first
             seq = self.running[i]
-            n = min(seq.num_pending, budget)
+            n = self._chunk(seq, budget)
+            if n == 0:  # its chunk could not end where a stretch does: the next step
+                i += 1
+                continue
             if not self._make_room(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next one
             item = self._item(seq, n)
@@ -110,6 +126,17 @@ class Scheduler:
             items.append(self._item(seq, n))
             budget -= n
         return Batch(items)
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of seq to compute this step, at most `budget`. A pre-fill chunk that leaves
+        part of its prompt for later ends at a multiple of `self.align` (0: it cannot reach
+        one), as a prefix-cache hit does: its attention then takes the same stretches of
+        queries as the prompt's attended whole (paged_attention.attend_prefill), and the
+        prompt comes out the same to the bit, chunked or not, cached or not."""
+        n = min(seq.num_pending, budget)
+        if n == seq.num_pending or self.cfg.max_num_batched_tokens < self.align:
+            return n  # (a step too small to reach a stretch's end takes chunks as they come)
+        return max(0, (seq.num_computed + n) // self.align * self.align - seq.num_computed)
 
     def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
         return ScheduledSeq(seq, n, samples=seq.num_computed + n == len(seq.token_ids))
@@ -144,12 +171,15 @@ class Scheduler:
         """Give a waiting sequence its cached prefix and blocks; tokens to compute (0: no room)."""
         bm = self.block_manager
         seq.block_table, seq.num_computed = bm.allocate_prefix(
-            seq.token_ids, seq.cache_salt, lookup=seq.capture is None or seq.capture.last_only
+            seq.token_ids,
+            seq.cache_salt,
+            lookup=seq.capture is None or seq.capture.last_only,
+            multiple=self.align,
         )
         if seq.num_cached == 0:
             seq.num_cached = seq.num_computed  # first admission: what the prefix cache saved
-        n = min(seq.num_pending, budget)
-        if not bm.grow(seq.block_table, seq.num_computed + n):
+        n = self._chunk(seq, budget)
+        if n == 0 or not bm.grow(seq.block_table, seq.num_computed + n):
             bm.free_table(seq.block_table)
             seq.num_computed = 0
             return 0

@@ -50,7 +50,7 @@ def traced_items(
         return []
     found, row, n_prefill, n_decode, n_sample = [], 0, 0, 0, 0
     for it in batch.items:  # the same walk as ModelRunner.prepare
-        is_decode = it.n_tokens == 1 or bool(it.drafts)  # drafts: a decode row each
+        is_decode = it.decodes  # drafts: a decode row each
         if wanted(it.seq):
             found.append(
                 TracedItem(

@@ -32,6 +32,9 @@ class PrefillSlice:
     block_table: Tensor  # (n_blocks,) int64: where its tokens live in the pool
     # a traced chunk's layers whose queries are kept (ForwardContext.queries); empty: none
     keep_query_layers: frozenset[int] = frozenset()
+    # its attention's masks, one per stretch of queries (paged_attention.attend_prefill), by
+    # window: made once a step, shared by the layers
+    masks: dict[int | None, list[Tensor]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -1,13 +1,16 @@
 """Attention over the paged KV cache: write this step's K/V into their slots, then let each
 query attend to its sequence's cached keys and values (gathered through the block table).
 
-Pre-fill chunks are attended one sequence at a time (many queries each); decode rows (one query
-each) are attended in one batched call: on the fast path by pellucid's own kernel
+Pre-fill chunks are attended one sequence at a time (many queries each), a stretch of
+PREFILL_STRETCH positions per call (see attend_prefill); decode rows (one query each) are
+attended in one batched call: on the fast path by pellucid's own kernel
 (decode_attention.c), which reads each row's keys where they lie; elsewhere eagerly over block
 tables padded to a common length, or, compiled, block by block with no padding.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +33,11 @@ _LIB.define(
 @torch.library.register_fake("pellucid::paged_decode_attention")
 def _(q: Tensor, *_: object) -> Tensor:
     return torch.empty_like(q)
+
+
+# Pre-fill queries go to SDPA this many positions at a time, each stretch starting at a multiple
+# of it; pre-fill chunks and prefix-cache hits end at such starts (engine/scheduler.py).
+PREFILL_STRETCH = 32
 
 
 def decode_kernel_fits(cfg: ModelConfig) -> bool:
@@ -86,6 +94,50 @@ def prefill_probs(ctx: ForwardContext, layer: int, index: int) -> Tensor:
     keys = slice_cache(ctx.k_cache[layer], s)
     mask = slice_mask(s, window)
     return probabilities(q[None], keys.transpose(0, 1)[None].to(q.dtype), mask, scale)[0]
+
+
+def attend_prefill(
+    q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor], s: PrefillSlice,
+    window: int | None, scale: float,
+) -> Tensor:  # fmt: skip
+    """A pre-fill chunk's attention: q (length, H, hd), the chunk's own k/v (length, Hkv, hd),
+    its layer's (k_cache, v_cache) -> (length, H, hd).
+
+    Its queries are taken a stretch at a time, [lo, hi) with hi the next multiple of
+    PREFILL_STRETCH (or the chunk's end), each over the keys of positions [0, hi). Why: SDPA's
+    sums for a row depend on the rows of its call (how it tiles them, and how many keys each
+    tile reads), so a prompt attended whole, in chunks, or after a cached prefix came out
+    different in the last bits, and a greedy reply changed with the traffic beside it. Called
+    on the same stretches whatever the chunk, a row comes out the same to the bit. (The cost:
+    SDPA's causal tiling skips more keys; about even up to 1,024 positions, +10% of attention
+    at 2,048: benchmarks/results/comments.md.)"""
+    first = s.ctx_len - s.length  # the chunk's first position
+    if first == 0:  # nothing cached before it: its own keys, rounded as the cache holds them
+        keys, values = (t.to(c.dtype) for t, c in zip((k, v), cache))
+    else:
+        keys, values = slice_cache(cache[0], s), slice_cache(cache[1], s)  # (ctx_len, Hkv, hd)
+    keys, values = keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)
+    queries = q.transpose(0, 1)  # (H, length, hd)
+    out = torch.empty_like(queries)
+    if window not in s.masks:
+        s.masks[window] = [attention_mask(torch.arange(lo, hi), torch.arange(hi), window)
+                           for lo, hi in stretches(first, s.ctx_len)]  # fmt: skip
+    for (lo, hi), mask in zip(stretches(first, s.ctx_len), s.masks[window]):
+        out[:, lo - first : hi - first] = F.scaled_dot_product_attention(
+            queries[None, :, lo - first : hi - first],
+            keys[None, :, :hi],
+            values[None, :, :hi],
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )[0]
+    return out.transpose(0, 1)
+
+
+def stretches(first: int, end: int) -> list[tuple[int, int]]:
+    """Positions [first, end) cut at the multiples of PREFILL_STRETCH: [(lo, hi), ...]."""
+    cuts = range((first // PREFILL_STRETCH + 1) * PREFILL_STRETCH, end, PREFILL_STRETCH)
+    return list(itertools.pairwise([first, *cuts, end]))
 
 
 def slice_cache(cache: Tensor, s: PrefillSlice) -> Tensor:
@@ -150,16 +202,10 @@ def paged_attention(
         rows = slice(s.start, s.start + s.length)
         if layer in s.keep_query_layers:
             ctx.queries.setdefault(layer, {})[i] = (q[rows].transpose(0, 1), window, scale)
-        if s.ctx_len == s.length and window is None and keep is None:
-            # Nothing cached before this chunk: its keys are this step's own, in the queries'
-            # dtype already, so no gather from the pool.
-            o = attend_causal(
-                q[rows].transpose(0, 1)[None],
-                k[rows].transpose(0, 1)[None],
-                v[rows].transpose(0, 1)[None],
-                scale,
+        if keep is None:
+            out[rows] = attend_prefill(
+                q[rows], k[rows], v[rows], (k_cache, v_cache), s, window, scale
             )
-            out[rows] = o[0].transpose(0, 1)
             continue
         keys, values = slice_cache(k_cache, s), slice_cache(v_cache, s)  # (S, Hkv, hd)
         mask = slice_mask(s, window)
