@@ -62,7 +62,11 @@ def barrier(info: DistInfo) -> None:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Leave the process group, once every rank is here: a rank that tore it down while another
+    still had a collective in flight (an FSDP checkpoint's last gather) aborted now and then,
+    "terminate called without an active exception"."""
     if info.world > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
