@@ -4,8 +4,9 @@ Every step has a token budget. Running sequences go first (one token each when d
 chunk when a long prompt is being pre-filled), then waiting ones are admitted first-come
 first-served while budget and KV blocks last. A chunk that leaves part of its prompt for later
 ends at a multiple of `align` positions, where a prefix-cache hit ends too: a prompt's rows are
-then computed the same to the bit however the traffic cut it (see _chunk). When a running sequence needs a block and none is
-free, the newest running sequence is preempted: its blocks are freed and it is recomputed later.
+then computed the same to the bit however the traffic cut it (see _chunk). When a running
+sequence needs a block and none is free, the newest running sequence is preempted: its blocks
+are freed and it is recomputed later.
 """
 
 from __future__ import annotations

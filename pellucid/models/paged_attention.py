@@ -109,8 +109,8 @@ def attend_prefill(
     tile reads), so a prompt attended whole, in chunks, or after a cached prefix came out
     different in the last bits, and a greedy reply changed with the traffic beside it. Called
     on the same stretches whatever the chunk, a row comes out the same to the bit. (The cost:
-    SDPA's causal tiling skips more keys; about even up to 1,024 positions, +10% of attention
-    at 2,048: benchmarks/results/comments.md.)"""
+    about even up to 1,024 positions, +13% of attention at 2,048, where SDPA's own causal
+    tiling works in bigger tiles: benchmarks/results/comments.md.)"""
     first = s.ctx_len - s.length  # the chunk's first position
     if first == 0:  # nothing cached before it: its own keys, rounded as the cache holds them
         keys, values = (t.to(c.dtype) for t, c in zip((k, v), cache))
