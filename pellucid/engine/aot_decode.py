@@ -45,7 +45,8 @@ from pellucid.engine.compiled_decode import KINDS as STEP_KINDS
 from pellucid.engine.compiled_decode import Example, most_rows
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
+from pellucid.models.packed_model import make_dense, use_fbgemm_head
+from pellucid.models.quant import DENSE_ROWS
 from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")

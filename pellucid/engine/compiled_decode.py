@@ -41,7 +41,8 @@ from torch import Tensor
 from pellucid.models.context import ForwardContext
 from pellucid.models.dense import ROW_BUCKET
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, make_dense, use_fbgemm_head
+from pellucid.models.packed_model import make_dense, use_fbgemm_head
+from pellucid.models.quant import DENSE_ROWS
 from pellucid.weights.cache import cache_root
 
 Forward = Callable[[Tensor, Tensor, ForwardContext], Tensor]

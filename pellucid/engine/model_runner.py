@@ -37,7 +37,8 @@ from pellucid.engine.trace_hooks import (
 )
 from pellucid.models.context import DecodeBatch, ForwardContext, PrefillSlice
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import DENSE_ROWS, make_dense
+from pellucid.models.packed_model import make_dense
+from pellucid.models.quant import DENSE_ROWS
 
 # Positions a trace's analysis pass takes at once: bounds the attention it holds at a time
 ANALYSIS_ROWS = 256

@@ -16,7 +16,8 @@ from pellucid.loading.hf_loader import hf_state_dict
 from pellucid.models import build_model
 from pellucid.models.config import ModelConfig
 from pellucid.models.llama import LlamaModel
-from pellucid.models.quant import packed_format, quantize, share_embedding
+from pellucid.models.packed_model import quantize, share_embedding
+from pellucid.models.quant import packed_format
 from pellucid.weights import cache as weight_cache
 from pellucid.weights.gguf_file import GGUFFile
 

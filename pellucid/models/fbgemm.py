@@ -1,6 +1,6 @@
 """Products of a few rows with an int8 matrix by fbgemm (torch's x86 int8 GEMM library): the LM head
 of a compiled decode step on a CPU with AVX-512 VNNI where pellucid's own kernels cannot be built
-(no C compiler); where they can, rowdot.c's int8 kernel takes the head (quant.use_fbgemm_head).
+(no C compiler); where they can, rowdot.c's int8 kernel takes the head (packed_model.use_fbgemm_head).
 
 Why: decoding one token multiplies one row of activations by the head's whole matrix (Gemma 3:
 262,144 x 640 int8, 168 MB). Widening each int8 weight to float before multiplying, as

@@ -119,10 +119,12 @@ def attend_prefill(
     keys, values = keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)
     queries = q.transpose(0, 1)  # (H, length, hd)
     out = torch.empty_like(queries)
+    spans = stretches(first, s.ctx_len)
     if window not in s.masks:
-        s.masks[window] = [attention_mask(torch.arange(lo, hi), torch.arange(hi), window)
-                           for lo, hi in stretches(first, s.ctx_len)]  # fmt: skip
-    for (lo, hi), mask in zip(stretches(first, s.ctx_len), s.masks[window]):
+        s.masks[window] = [
+            attention_mask(torch.arange(lo, hi), torch.arange(hi), window) for lo, hi in spans
+        ]
+    for (lo, hi), mask in zip(spans, s.masks[window]):
         out[:, lo - first : hi - first] = F.scaled_dot_product_attention(
             queries[None, :, lo - first : hi - first],
             keys[None, :, :hi],

@@ -49,7 +49,7 @@ def int8_every_row() -> bool:
     where the alternatives widen to float32. With AVX-512 it takes a few rows (Gemma's int8
     decoder matrices while decoding) and bf16 GEMMs the many: a 512-token pre-fill took 1.2x
     as long with it (benchmarks/results/comments.md). The LM head is the exception: see
-    quant.quantize."""
+    packed_model.quantize."""
     return available() and "avx512f" not in cpu_flags()
 
 

@@ -1,0 +1,74 @@
+"""A whole model's packed layers (models/quant.py): a model quantized, and what its steps ask of
+its packed layers as a whole: the dense copies a batch keeps, the LM head by fbgemm for a
+compiled step, a tied head's table shared with the embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pellucid.models.dense import dense_dtype
+from pellucid.models.llama import LlamaModel
+from pellucid.models.quant import Int8Linear, PackedLinear, packed, rowdot_rows
+
+
+@torch.no_grad()
+def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
+    """Replace every projection of the decoder by a packed layer of the same name (int4, or int8
+    where int4 would lose too much), and the LM head by Int8Linear. The embedding table stays
+    bf16: a lookup reads only one row per token; when the head shares it (tied embeddings), it
+    is also the head's matrix for many rows. `stored`: the state-dict keys of a cached packed
+    model, which say which matrices are int4 (for a skeleton on the meta device).
+    """
+
+    def kind(name: str) -> str | None:
+        return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
+
+    for name, module in list(model.layers.named_modules()):
+        for child, lin in list(module.named_children()):
+            if type(lin) is nn.Linear:
+                key = f"layers.{name}.{child}"
+                setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
+    head = model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
+    head.logits = True
+    if head.rowdot:
+        # As many rows as rowdot's int4 layers take (every count unless AMX): its sums for a row
+        # do not depend on the rows beside it, so a greedy reply does not change with its batch
+        # (the bf16 table past DENSE_ROWS changed 7 of 12 SmolLM2 replies), and it was faster up
+        # to 48 rows, ~1% slower past them (benchmarks/results/comments.md). The head takes
+        # only the rows that sample, never a whole pre-fill.
+        head.rowdot_rows = rowdot_rows()
+    share_embedding(model)
+    return model
+
+
+def make_dense(model: LlamaModel) -> None:
+    """Give every packed layer that keeps one (not rowdot's) its dense matrix now, kept from
+    then on: for steps of many decoding rows, which repeat (a batch), so that they do not unpack
+    every matrix every step, and for a compiled graph, which must not find a copy missing."""
+    for module in model.modules():
+        if isinstance(module, PackedLinear) and module.dense is None and module.keeps_dense():
+            module.dense = module.unpacked()
+
+
+def use_fbgemm_head(model: LlamaModel) -> None:
+    """An int8 LM head multiplies a few rows by fbgemm from now on (models/fbgemm.py): what a
+    compiled decode step calls, torch.compile's or one compiled ahead (the op finds the packed
+    head by the weight it is handed). Not where rowdot's int8 kernel runs: reading the head in
+    memory order, it took less time than fbgemm for one row and a fraction for 2-8 (fbgemm
+    reads the head once a row), with no second copy of the head to pack and hold
+    (benchmarks/results/comments.md)."""
+    if isinstance(head := model.lm_head, Int8Linear) and not head.rowdot:
+        head.use_fbgemm()
+
+
+def share_embedding(model: LlamaModel) -> None:
+    """A tied head's bf16 matrix for many rows, where it keeps one (with AMX), is the embedding
+    table itself: no second copy. (Call again after load_state_dict(assign=True) replaces the
+    table.) Where the dense copies are float32, the head makes its own, as the decoder's layers
+    do."""
+    head = model.lm_head
+    if model.cfg.tie_embeddings and dense_dtype() == torch.bfloat16 and head.keeps_dense():
+        # detached: a plain tensor attribute, not a second parameter
+        head.dense = model.embed_tokens.weight.detach()
