@@ -98,7 +98,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="int4",
         choices=["int4", "float32", "bfloat16", "float16"],
-        help="int4 (default): the fast path (int4 weights, int8 LM head, bf16 activations); "
+        help="int4 (default): the fast path (int4 weights, int8 LM head, bf16 KV cache); "
         "float32: the reference, matching Hugging Face transformers' logits",
     )
     p.add_argument(

@@ -30,12 +30,13 @@ from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.loading import sampling_defaults
 from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
+from pellucid.models.dense import dense_dtype
 from pellucid.structured import parse_tool_calls, prepare_chat, reply_defaults
 from pellucid.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The default: int4/int8 weights, bf16 activations and KV cache (models/quant.py), perplexity
+# The default: int4/int8 weights, float32 activations, a bf16 KV cache (models/quant.py), perplexity
 # within 1% of float32. dtype="float32" is the reference, which matches transformers' logits.
 FAST_PATH = "int4"
 SCORE_ROWS = 256  # prompt positions scored per LM-head product: (256, vocab) float32 at a time
@@ -59,14 +60,15 @@ class LLM:
         self.path = catalog.resolve(model)
         if dtype == FAST_PATH:
             self.config, metadata, self.model = load_int4(self.path)
-            # K and V come out of bf16 matrix products: a bf16 cache keeps them exactly, in
-            # half the bytes that decode attention reads per token
-            self.dtype = self.kv_dtype = torch.bfloat16
+            # activations float32 between the products (packed_model.quantize); the KV cache
+            # bf16: half the bytes that decode attention reads per token, as llama.cpp's F16
+            self.dtype, self.kv_dtype = torch.float32, torch.bfloat16
+            self.matmul_dtype = dense_dtype()
             self.model.use_decode_kernel()
         else:
             ckpt = read_checkpoint(self.path)
             self.config, metadata, self.dtype = ckpt.config, ckpt.gguf_metadata, DTYPES[dtype]
-            self.kv_dtype = self.dtype
+            self.kv_dtype = self.matmul_dtype = self.dtype
             self.model = build_from_state(ckpt.config, ckpt.state, self.dtype, str(self.path))
         config = engine or EngineConfig()
         if config.compiled_ahead:

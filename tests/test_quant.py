@@ -318,6 +318,20 @@ def _nll_and_top1(llm: LLM, ids: list[int], packed: bool = False) -> tuple[float
     return nll, logits.argmax(-1)
 
 
+def test_the_fast_path_keeps_its_activations_in_float32_between_products(smollm2, smollm2_int4):
+    """As llama.cpp: the norms hold the checkpoint's float32 weights (not rounded to bf16) and
+    the residual stream is float32; only the products round their rows, and the embedding
+    table, read a row a token, is bf16."""
+    fast, ref = smollm2_int4.model, smollm2.model
+    assert fast.embed_tokens.weight.dtype == torch.bfloat16
+    for name, weight in ref.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(fast.get_parameter(name), weight), name
+    ids = torch.tensor([smollm2.encode("The capital of France is")])
+    with torch.no_grad():
+        assert fast.hidden_states(ids, torch.arange(ids.shape[1])).dtype == torch.float32
+
+
 def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2, smollm2_int4):
     ids = smollm2.encode(HELD_TEXT)
     assert len(ids) > 300

@@ -81,8 +81,8 @@ def build_from_state(
 
 
 def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, LlamaModel]:
-    """The fast path's model (packed int4/int8 matrices, bf16 elsewhere): (config, GGUF
-    metadata, model).
+    """The fast path's model (packed int4/int8 matrices, a bf16 embedding table, float32 norms;
+    packed_model.quantize): (config, GGUF metadata, model).
 
     A GGUF file's packed weights are kept in the weight cache, so a warm load reads ~100 MB and
     never builds the float32 model.
@@ -93,7 +93,7 @@ def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, Lla
     if metadata is not None and packed is not None:
         cfg = config_from_gguf(metadata, str(path))
         with torch.device("meta"):
-            model = quantize(build_model(cfg).to(torch.bfloat16), stored=set(packed))
+            model = quantize(build_model(cfg), stored=set(packed))
         try:
             model.load_state_dict(packed, assign=True)
         except RuntimeError:  # not what this version packs: a miss, replaced below
@@ -102,7 +102,7 @@ def load_int4(path: str | Path) -> tuple[ModelConfig, dict[str, Any] | None, Lla
             share_embedding(model)
             return cfg, metadata, model.eval().requires_grad_(False)
     ckpt = read_checkpoint(path)
-    model = quantize(build_from_state(ckpt.config, ckpt.state, torch.bfloat16, str(path)))
+    model = quantize(build_from_state(ckpt.config, ckpt.state, torch.float32, str(path)))
     if ckpt.gguf_metadata is not None:
         weight_cache.store_packed(path, packed_format(), model.state_dict())
     return ckpt.config, ckpt.gguf_metadata, model

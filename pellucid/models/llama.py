@@ -97,7 +97,9 @@ class LlamaModel(nn.Module):
         self, ids: Tensor, positions: Tensor, ctx: ForwardContext | None = None
     ) -> Tensor:
         """ids: (B, T), positions: (T,) -> final normalized hidden states (B, T, dim)."""
-        x = self.embed(ids, positions)
+        # the residual stream in the norms' dtype: float32 on the fast path, whose embedding
+        # table is bf16 (packed_model.quantize); as it is elsewhere
+        x = self.embed(ids, positions).to(self.norm.weight.dtype)
         tables: dict[int, tuple[Tensor, Tensor]] = {}  # layers sharing a RoPE base share tables
         for i, layer in enumerate(self.layers):
             key = self.rope_key(i)

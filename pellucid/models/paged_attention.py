@@ -116,8 +116,11 @@ def attend_prefill(
         keys, values = (t.to(c.dtype) for t, c in zip((k, v), cache))
     else:
         keys, values = slice_cache(cache[0], s), slice_cache(cache[1], s)  # (ctx_len, Hkv, hd)
-    keys, values = keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)
-    queries = q.transpose(0, 1)  # (H, length, hd)
+    # In the cache's dtype: the fast path's float32 queries are rounded to bf16, as llama.cpp
+    # rounds Q to its cache's F16; SDPA took 1.5x as long in float32 (comments.md)
+    dtype = cache[0].dtype
+    keys, values = keys.transpose(0, 1).to(dtype), values.transpose(0, 1).to(dtype)
+    queries = q.transpose(0, 1).to(dtype)  # (H, length, hd)
     out = torch.empty_like(queries)
     spans = stretches(first, s.ctx_len)
     if window not in s.masks:
@@ -133,7 +136,7 @@ def attend_prefill(
             scale=scale,
             enable_gqa=True,
         )[0]
-    return out.transpose(0, 1)
+    return out.transpose(0, 1).to(q.dtype)
 
 
 def stretches(first: int, end: int) -> list[tuple[int, int]]:

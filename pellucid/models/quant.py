@@ -5,7 +5,7 @@ take: int4 reads 1/8 of float32. Each group of 32 weights along the input dimens
 w = (q - 8) * scale + zero with q in 0..15 — exactly GGUF's Q4_1 layout (w = q * d + m, so
 scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights by each group's
 min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
-multiplies bf16 activations by these packed weights without unpacking them to memory. A matrix
+multiplies activations by these packed weights without unpacking them to memory. A matrix
 that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is kept as
 int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
 
@@ -69,8 +69,9 @@ def channel_block() -> int | None:
 
 def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
-    CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel)."""
-    return "packed-v3-dot8" if rowdot.available() else f"packed-v2-n{channel_block() or 0}"
+    CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel). v4: norms and biases are
+    float32 (packed_model.quantize)."""
+    return "packed-v4-dot8" if rowdot.available() else f"packed-v4-n{channel_block() or 0}"
 
 
 @functools.cache
@@ -114,13 +115,14 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W.T (+ bias) for bf16 x (..., in_features) with W kept packed; a subclass says how
+    """y = x @ W.T (+ bias) for x (..., in_features) with W kept packed, y in x's dtype (float32
+    on the fast path; bf16 works too); a subclass says how
     to multiply a few rows by the packed form (`packed_mm`) and how to unpack it (`dequantize`)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("bias", None)  # (out,) bf16, for layouts with biased projections
+        self.register_buffer("bias", None)  # (out,) float32, for layouts with biased projections
         # the dense matrix, kept by make_dense; a buffer (not saved), so that a compiled graph
         # names it by its module rather than storing its own copy of it as a constant
         self.register_buffer("dense", None, persistent=False)
@@ -132,7 +134,7 @@ class PackedLinear(nn.Module):
         out_f, in_f = w.shape
         layer = cls(in_f, out_f)
         if bias is not None:
-            layer.bias = bias.detach().bfloat16()
+            layer.bias = bias.detach().float()
         if not w.is_meta:
             layer.pack(w.detach().float())
         return layer
@@ -144,7 +146,7 @@ class PackedLinear(nn.Module):
             y = dense_mm(rows, self.dense_matrix(), self.bias)
             return y.view(*x.shape[:-1], self.out_features)
         y = self.packed_mm(rows).view(*x.shape[:-1], self.out_features)
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else (y + self.bias).to(y.dtype)
 
     def dense_matrix(self) -> Tensor:
         """The (out, in) matrix for a product of many rows: the copy kept by make_dense where
@@ -209,8 +211,9 @@ class Int4Linear(PackedLinear):
         self.scales_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
 
     def packed_mm(self, rows: Tensor) -> Tensor:
+        # the scales in the rows' dtype, as the kernel asks (bf16 widen to float32 exactly)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows.contiguous(), self.packed, GROUP, self.scales_zeros
+            rows.contiguous(), self.packed, GROUP, self.scales_zeros.to(rows.dtype)
         )
 
     def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
@@ -349,7 +352,7 @@ class Int8Linear(PackedLinear):
             return (y * self.scales.float()).to(rows.dtype)
         if not self.aten:
             return rows @ self.dequantize().to(rows.dtype).t()
-        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales)
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(rows.dtype))
 
     def dequantize(self) -> Tensor:
         return self.weight.to(torch.bfloat16) * self.scales[:, None]

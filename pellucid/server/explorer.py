@@ -35,7 +35,7 @@ def add_explorer_routes(router: APIRouter, state: ServerState) -> None:
     async def explorer() -> dict[str, Any]:
         if not limits:  # once: a fraction of a second of copying and multiplying
             limits["bandwidth_gbs"] = await asyncio.to_thread(measure_bandwidth, 64)
-            limits["flops"] = await asyncio.to_thread(measure_flops, state.llm.dtype)
+            limits["flops"] = await asyncio.to_thread(measure_flops, state.llm.matmul_dtype)
         return {"model": state.model_name, **model_facts(state.llm), "limits": limits}
 
     @router.post("/inspect")

@@ -50,7 +50,7 @@ def explain(
     llm.generate("Warm up, please.", SamplingParams(temperature=0, max_tokens=2))
     trace = traced_run(llm, ids, params)
     trace.bandwidth_limit_gbs = measure_bandwidth()
-    trace.flops_limit = measure_flops(llm.dtype)
+    trace.flops_limit = measure_flops(llm.matmul_dtype)
     focus_index = find_focus(trace, focus)
     if layer is None or head is None:
         best_layer, best_head = pick_head(trace, focus_index)
