@@ -46,7 +46,7 @@ from pellucid.engine.compiled_decode import Example, most_rows
 from pellucid.models.context import DecodeBatch, ForwardContext
 from pellucid.models.llama import LlamaModel
 from pellucid.models.packed_model import make_dense, use_fbgemm_head
-from pellucid.models.quant import DENSE_ROWS
+from pellucid.models.quant import DENSE_ROWS, PackedLinear
 from pellucid.weights.cache import cache_root
 
 log = logging.getLogger("pellucid")
@@ -100,6 +100,12 @@ def package_paths(model: LlamaModel) -> dict[int, Path]:
     h.update(f"{type(model).__qualname__}|{model.cfg!r}|{torch.__version__}|".encode())
     h.update("|".join(isa_flags()).encode())
     h.update(f"|decode_kernel={model.layers[0].self_attn.decode_kernel}|".encode())
+    # which layers keep dense copies for many rows: with AMX, not where oneDNN is kept off it
+    # (ONEDNN_MAX_CPU_ISA), and a package built with them cannot load without them
+    keeps = [
+        name for name, m in model.named_modules() if isinstance(m, PackedLinear) and m.keeps_dense()
+    ]
+    h.update(f"|keeps_dense={','.join(keeps)}|".encode())
     for name, t in sorted(named_tensors(model).items()):
         if not name.endswith(".dense"):  # made later or not (the code's hash covers them)
             h.update(f"{name}:{tuple(t.shape)}:{t.dtype}|".encode())
