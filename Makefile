@@ -90,8 +90,8 @@ LLAMA_CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 
 bench: setup
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) -e '.[bench]'
-	$(PY) benchmarks/latency.py --compile
-	$(PY) benchmarks/throughput.py --compile
+	$(PY) benchmarks/latency.py
+	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/prefix_cache.py
 	$(PY) benchmarks/kv_cache.py
 

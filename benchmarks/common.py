@@ -104,8 +104,9 @@ def machine_tag(cpu: str, isa: list[str], onednn_cap: str | None = None) -> str:
 def commit() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        )
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=False, cwd=Path(__file__).parent,
+        )  # fmt: skip
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
