@@ -36,8 +36,9 @@ from pellucid.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# The default: int4/int8 weights, float32 activations, a bf16 KV cache (models/quant.py), perplexity
-# within 1% of float32. dtype="float32" is the reference, which matches transformers' logits.
+# The default: int4/int8 weights, float32 activations, a bf16 KV cache (models/quant.py),
+# perplexity within 1% of float32. dtype="float32" is the reference, which matches
+# transformers' logits.
 FAST_PATH = "int4"
 SCORE_ROWS = 256  # prompt positions scored per LM-head product: (256, vocab) float32 at a time
 

@@ -116,8 +116,8 @@ def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 class PackedLinear(nn.Module):
     """y = x @ W.T (+ bias) for x (..., in_features) with W kept packed, y in x's dtype (float32
-    on the fast path; bf16 works too); a subclass says how
-    to multiply a few rows by the packed form (`packed_mm`) and how to unpack it (`dequantize`)."""
+    on the fast path; bf16 works too); a subclass says how to multiply a few rows by the packed
+    form (`packed_mm`) and how to unpack it (`dequantize`)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
