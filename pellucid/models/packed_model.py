@@ -24,10 +24,10 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
     as llama.cpp keeps them, and only the products round their rows (to int8 for rowdot, bf16 for
     a GEMM). With bf16 between them, each of the 30 layers' sums and norms rounded to 8 bits: KL
     from the float32 model 0.0069 against 0.0063 where rowdot takes every product, BFCL simple
-    from Python 147 of 400 against 150 (benchmarks/results/comments.md). The embedding table is read one row per token, widened as
-    it enters the residual stream (LlamaModel.hidden_states): bf16 halves it (Gemma's 262k rows:
-    335 MB), and when the head shares it (tied embeddings) it is also the head's bf16 matrix for
-    many rows.
+    from Python 147 of 400 against 150 (benchmarks/results/comments.md). The embedding table is
+    read one row per token, widened as it enters the residual stream (LlamaModel.hidden_states):
+    bf16 halves it (Gemma's 262k rows: 335 MB), and when the head shares it (tied embeddings) it
+    is also the head's bf16 matrix for many rows.
     """
 
     def kind(name: str) -> str | None:
@@ -39,7 +39,6 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
                 key = f"layers.{name}.{child}"
                 setattr(module, child, packed(lin.weight, lin.bias, kind(key)))
     head = model.lm_head = Int8Linear.from_weight(model.lm_head.weight)
-    model.embed_tokens.to(torch.bfloat16)
     head.logits = True
     if head.rowdot:
         # As many rows as rowdot's int4 layers take (every count unless AMX): its sums for a row
@@ -48,6 +47,7 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
         # to 48 rows, ~1% slower past them (benchmarks/results/comments.md). The head takes
         # only the rows that sample, never a whole pre-fill.
         head.rowdot_rows = rowdot_rows()
+    model.embed_tokens.to(torch.bfloat16)  # after the head, packed from its float32 weights
     share_embedding(model)
     return model
 

@@ -112,8 +112,8 @@ def attend_prefill(
     about even up to 1,024 positions, +13% of attention at 2,048, where SDPA's own causal
     tiling works in bigger tiles: benchmarks/results/comments.md.)"""
     first = s.ctx_len - s.length  # the chunk's first position
-    if first == 0:  # nothing cached before it: its own keys, rounded as the cache holds them
-        keys, values = (t.to(c.dtype) for t, c in zip((k, v), cache))
+    if first == 0:  # nothing cached before it: its own keys (rounded below as the cache holds them)
+        keys, values = k, v
     else:
         keys, values = slice_cache(cache[0], s), slice_cache(cache[1], s)  # (ctx_len, Hkv, hd)
     # In the cache's dtype: the fast path's float32 queries are rounded to bf16, as llama.cpp
