@@ -56,7 +56,9 @@ def test_no_prefix_held_leaves_the_choice_to_load_and_a_busy_replica_loses_its_a
     assert table.rank(pieces, ["a", "b"], load={}) == [["a", "b"]]  # nobody holds it
     table.record("a", pieces)
     assert table.rank(pieces, ["a", "b"], load={"a": 4, "b": 0}) == [["a"], ["b"]]
-    assert table.rank(pieces, ["a", "b"], load={"a": 5, "b": 0}) == [["a", "b"]]  # too busy
+    assert table.rank(pieces, ["a", "b"], load={"a": 5, "b": 0}) == [["b"], ["a"]]  # too busy
+    # b's load unknown to the router (None, here absent): counted 0, so a is too busy
+    assert table.rank(pieces, ["a", "b"], load={"a": 9}) == [["b"], ["a"]]
     table.keep_only(["b"])  # a died: a new replica starts with nothing
     assert table.rank(pieces, ["b", "c"], load={}) == [["b", "c"]]
 

@@ -79,16 +79,22 @@ class PrefixTable:
     ) -> list[list[Hashable]]:
         """Replicas in ranks, most preferred first: those holding the longest prefix (unless
         busier than the idlest by IMBALANCE), then the rest. The router takes the least loaded
-        replica of the first rank that has room. No prefix held anywhere: one rank of all."""
+        replica of the first rank that has room. No prefix held by a replica that is not too
+        busy: those not too busy first, the rest after.
+
+        The too busy go in a later rank, not beside the others, because Ray's router picks the
+        least loaded of a rank among the replicas whose load it knows, and asks the others only
+        if none has room: a replica it has not heard from lately (load unknown, here 0) would
+        lose every request of a burst to one it knows (a CI run sent all 32 of a burst to one
+        replica of two)."""
         replicas = list(replicas)
         hashes = chunk_hashes(pieces)
         idlest = min((load.get(r, 0) for r in replicas), default=0)
         fair = [r for r in replicas if load.get(r, 0) - idlest <= self.imbalance]
         best = max((self.matched(r, hashes) for r in fair), default=0)
-        if best == 0:
-            return [replicas]
         first = [r for r in fair if self.matched(r, hashes) == best]
-        return [first, [r for r in replicas if r not in first]]
+        rest = [r for r in replicas if r not in first]
+        return [first, rest] if rest else [first]
 
     def record(self, replica: Hashable, pieces: list[str]) -> None:
         """`replica` was sent this prompt: it holds its prefix now."""
