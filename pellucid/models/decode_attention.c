@@ -6,9 +6,9 @@
    tensors (inductor's loops over blocks, or SDPA over a gathered copy) it ran at ~10 GFLOP/s,
    a tenth of the cores' rate; at 2,048 tokens of context one row's attention took longer than
    its share of the weights (benchmarks/results/comments.md). Here the keys and values are
-   read once, where they lie, by vectors of 16 floats: each key's dot products with the
-   query heads that share its K/V head (grouped-query attention), then a softmax with a
-   polynomial exp, then the values weighted.
+   read once, where they lie, by vectors of 16 floats (8 on AVX2): each key's dot products
+   with the query heads that share its K/V head (grouped-query attention), then a softmax with
+   a polynomial exp, then the values weighted.
 
    Work is split over (row, run of CHUNK keys) among OpenMP's threads (torch's own, see
    kernels.py); an item goes through its keys once per K/V head, the first time prefetching
@@ -31,7 +31,13 @@
 #include <immintrin.h>
 #endif
 
-#define VW 16        /* floats a vector */
+/* Floats a vector: a register's worth. Vectors of 16 on AVX2 (two registers each) GCC moved
+   through memory piece by piece: 4x slower at every context length (comments.md). */
+#if defined(__AVX512F__) || !defined(__AVX__)
+#define VW 16
+#else
+#define VW 8
+#endif
 #define CHUNK 128    /* keys a work item attends */
 #define MAX_GROUP 8  /* query heads a K/V head */
 #define MAX_HD 256   /* dims a head */
@@ -42,8 +48,8 @@ typedef uint32_t vu __attribute__((vector_size(4 * VW)));
 typedef int32_t vi __attribute__((vector_size(4 * VW)));
 typedef uint16_t vh __attribute__((vector_size(2 * VW)));
 
-/* 16 bf16 (the top halves of floats) or floats from p -> floats */
-static inline vf load16(const char *p, int bf16) {
+/* VW bf16 (the top halves of floats) or floats from p -> floats */
+static inline vf load_vec(const char *p, int bf16) {
     if (bf16) {
         vh h;
         memcpy(&h, p, sizeof h);
@@ -58,10 +64,8 @@ static inline float hsum(vf v) {
 #if defined(__AVX512F__)
     return _mm512_reduce_add_ps((__m512)v);
 #elif defined(__AVX__)
-    __m256 a, b;
+    __m256 a;
     memcpy(&a, &v, sizeof a);
-    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
-    a = _mm256_add_ps(a, b);
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
@@ -117,7 +121,7 @@ static inline __attribute__((always_inline)) void attend_run(
         for (int g = 0; g < G; g++)
             acc[g] = (vf){0};
         for (int64_t c = 0; c < hd; c += VW) {
-            const vf key = load16(k + at[i] + c * elem, bf16);
+            const vf key = load_vec(k + at[i] + c * elem, bf16);
             for (int g = 0; g < G; g++) {
                 vf qc;
                 memcpy(&qc, q + g * hd + c, sizeof qc);
@@ -149,7 +153,7 @@ static inline __attribute__((always_inline)) void attend_run(
         for (int g = 0; g < G; g++)
             acc[g] = (vf){0};
         for (int64_t i = 0; i < n; i++) {
-            const vf value = load16(v + at[i] + c * elem, bf16);
+            const vf value = load_vec(v + at[i] + c * elem, bf16);
             for (int g = 0; g < G; g++)
                 acc[g] += s[g][i] * value;
         }
