@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pellucid.engine import sampler as sampler_module
+from pellucid.engine import sampling_ops
 from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_ops import (
     apply_penalties,
@@ -151,6 +152,32 @@ def test_top_p_mask_keeps_smallest_set_reaching_p():
     top_p = torch.tensor([0.4, 0.75, 0.85, 0.97, 1.0])
     out = top_p_mask(LOGITS.repeat(5, 1), top_p)
     assert kept(out) == [{1}, {1, 3}, {1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}]
+
+
+def test_top_p_over_a_large_vocabulary_keeps_what_sorting_it_all_keeps(monkeypatch):
+    """Past TOP_P_FIRST tokens, top-p ranks only the likeliest TOP_P_FIRST and sorts the whole
+    row only where the nucleus is larger: the kept sets are the full sort's."""
+    gen = torch.Generator().manual_seed(0)
+    peaked = torch.randn(4, 5000, generator=gen) * 4  # nuclei of 2 to 544 tokens
+    flat = torch.randn(1, 5000, generator=gen) * 0.01  # a nucleus of thousands: sorted whole
+    masked = torch.full((1, 5000), float("-inf"))  # a grammar's mask: 3 tokens allowed
+    masked[0, [7, 70, 700]] = torch.tensor([1.0, 2.0, 0.5])
+    logits = torch.cat([peaked, flat, masked])
+    top_p = torch.tensor([0.5, 0.9, 0.99, 1.0, 0.9, 0.8])
+    sorts = []
+    sort = torch.Tensor.sort
+    monkeypatch.setattr(
+        torch.Tensor, "sort", lambda t, *a, **k: sorts.append(1) or sort(t, *a, **k)
+    )
+    got = [top_p_mask(row[None], p[None]) for row, p in zip(logits, top_p)]  # row by row
+    assert len(sorts) == 2  # the rows whose nucleus is larger: 0.99 of row 2, the flat row
+    monkeypatch.setattr(sampling_ops, "TOP_P_FIRST", 1 << 30)  # always the full sort
+    want = top_p_mask(logits, top_p)
+    assert [k for g in got for k in kept(g)] == kept(want)
+    sizes = [len(k) for k in kept(want)]
+    assert 1 < sizes[1] < 256 and sizes[2] > 256 and sizes[3] == 5000 and sizes[4] > 256
+    assert sizes[5] == 2
+    assert torch.equal(got[1][torch.isfinite(got[1])], logits[1][torch.isfinite(got[1][0])])
 
 
 def test_top_p_one_keeps_tokens_float32_rounds_away():

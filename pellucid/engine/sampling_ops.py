@@ -9,6 +9,11 @@ import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
+# Tokens top-p looks at first: a trained model's nucleus nearly always lies among them, and
+# their top-k is far cheaper than sorting the vocabulary (SmolLM2's 49,152: 0.1 ms against 4 ms
+# a step on a 2-core AVX2 EPYC, benchmarks/results/comments.md). Where a row's nucleus is
+# larger (a flat distribution), the whole row is sorted, as before.
+TOP_P_FIRST = 256
 
 
 def apply_penalties(
@@ -65,12 +70,30 @@ def top_p_mask(logits: Tensor, top_p: Tensor) -> Tensor:
     The most likely token always stays: a top_p too small for float32 (5e-324 is 0.0 there)
     would otherwise drop it too and leave nothing to sample.
     """
+    if logits.shape[-1] > TOP_P_FIRST:
+        values, order = logits.topk(TOP_P_FIRST, dim=-1)  # (B, k), descending
+        probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()
+        mass_before = probs.cumsum(dim=-1) - probs
+        # every row's nucleus ends within the first k (its k-th token is already out: so is
+        # every token after it), or the row keeps all
+        if bool(((mass_before[:, -1] >= top_p) | (top_p >= 1)).all()):
+            return _drop_past_nucleus(logits, mass_before, order, top_p, keep=False)
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-    drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
-    drop_sorted[:, 0] = False
-    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)  # back to vocab order
+    return _drop_past_nucleus(logits, mass_before, order, top_p, keep=True)
+
+
+def _drop_past_nucleus(
+    logits: Tensor, mass_before: Tensor, order: Tensor, top_p: Tensor, keep: bool
+) -> Tensor:
+    """-inf where the tokens ranked by `order` (B, n) have mass_before >= top_p (top_p < 1 only,
+    the first always kept); tokens past the n ranked ones are kept or dropped by `keep`."""
+    drop_ranked = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    drop_ranked[:, 0] = False
+    drop = torch.full_like(logits, not keep, dtype=torch.bool)
+    drop[top_p >= 1] = False
+    drop.scatter_(1, order, drop_ranked)  # back to vocabulary order
     return logits.masked_fill(drop, NEG_INF)
 
 
