@@ -10,8 +10,8 @@ from torch import Tensor
 
 NEG_INF = float("-inf")
 # Tokens top-p looks at first: a trained model's nucleus nearly always lies among them, and
-# their top-k is far cheaper than sorting the vocabulary (SmolLM2's 49,152: 0.1 ms against 4 ms
-# a step on a 2-core AVX2 EPYC, benchmarks/results/comments.md). Where a row's nucleus is
+# their top-k is far cheaper than sorting a whole vocabulary every step, which made sampled
+# decoding much slower than greedy (benchmarks/results/comments.md). Where a row's nucleus is
 # larger (a flat distribution), the whole row is sorted, as before.
 TOP_P_FIRST = 256
 

@@ -32,7 +32,7 @@
 #endif
 
 /* Floats a vector: a register's worth. Vectors of 16 on AVX2 (two registers each) GCC moved
-   through memory piece by piece: 4x slower at every context length (comments.md). */
+   through memory piece by piece, at every context length (benchmarks/results/comments.md). */
 #if defined(__AVX512F__) || !defined(__AVX__)
 #define VW 16
 #else
