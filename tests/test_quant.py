@@ -19,6 +19,7 @@ from pellucid.models import dense, fbgemm, kernels, quant, rowdot, unpack
 from pellucid.models.quant import (
     GROUP,
     Int4DotLinear,
+    Int4Head,
     Int4Linear,
     Int8Linear,
     PackedLinear,
@@ -185,6 +186,38 @@ def test_the_ops_built_in_cpp_give_what_the_python_implementation_gives():
     assert got.dtype == torch.float32 and torch.equal(got, want)  # (rows made contiguous first)
 
 
+@pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_int4_head_computes_each_rows_likeliest_logits_again_from_its_table(dtype):
+    """lm_head.c: each row's int4 product, but at its k largest values (ties to the lower
+    index) the row times the bf16 table; a row's logits are the same bit for bit alone or
+    beside others, and the C++ op gives what the Python implementation gives."""
+    torch.manual_seed(6)
+    table = (torch.randn(200, 96) * 0.1).bfloat16()
+    table[150:] = table[150]  # 50 equal rows: equal logits, a tie at the boundary for some k
+    head = Int4Head.from_weight(table.float())
+    x = (torch.randn(5, 96) * 3).to(dtype)
+    approx = rowdot.int4_rows_mm(x.float(), head.packed, head.params)  # bf16 widen exactly
+    exact = x.float() @ table.float().T
+    for k in (7, 60, 300):
+        got = rowdot.int4_head_mm(x, head.packed, head.params, table, k)
+        assert got.dtype == torch.float32 and got.shape == (5, 200)
+        for r in range(5):
+            ranked = sorted(range(200), key=lambda i: (-approx[r, i].item(), i))
+            top, rest = ranked[:k], ranked[k:]
+            torch.testing.assert_close(got[r, top], exact[r, top], rtol=1e-5, atol=1e-5)
+            assert torch.equal(got[r, rest], approx[r, rest])
+        alone = [rowdot.int4_head_mm(row[None], head.packed, head.params, table, k) for row in x]
+        assert torch.equal(torch.cat(alone), got)
+        python = rowdot._head(x, head.packed, head.params, table, k)
+        assert torch.equal(python, got)
+    # the layer: its table is the one share_embedding hands it, RECHECK logits rechecked
+    head.table = table
+    assert torch.equal(
+        head(x), rowdot.int4_head_mm(x, head.packed, head.params, table, quant.RECHECK)
+    )
+
+
 def test_a_pre_fill_unpacks_for_itself_and_a_decoding_batch_keeps_its_copies(tiny_path):
     """A pre-fill of many tokens multiplies by matrices unpacked for the product and dropped:
     no second copy of the model stays in memory. A batch of many decoding rows repeats its
@@ -343,15 +376,20 @@ def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2, smollm2_
 
 
 def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
-    """Gemma's GGUF stores most matrices with 5-8 bits: they stay int8 (int4 cost it 22%).
-    Decoding one token, its 168 MB head multiplies by fbgemm with 8-bit activations: that
-    costs a little more, still within 1%."""
+    """Gemma's GGUF stores most matrices with 5-8 bits: they stay int8 (int4 cost it 22%). Its
+    tied 262k-row head is int4 with its likeliest logits rechecked where rowdot runs (int4
+    alone cost 3.5%); elsewhere int8, which decoding one token multiplies by fbgemm with 8-bit
+    activations: that costs a little more, still within 1%."""
     fast = LLM("gemma3-270m", dtype="int4")
+    assert isinstance(fast.model.lm_head, Int4Head) == rowdot.available()
     ids = gemma3.encode(HELD_TEXT)
     nll32, top32 = _nll_and_top1(gemma3, ids)
     for packed_kernels in (False, True):  # pre-fill's dense products, decoding's packed ones
-        nll4, _ = _nll_and_top1(fast, ids, packed_kernels)
+        nll4, top4 = _nll_and_top1(fast, ids, packed_kernels)
         assert abs(nll4 - nll32) / nll32 < 0.01, (packed_kernels, nll32, nll4)
+        assert (top4 == top32).float().mean() > 0.85
+    if isinstance(fast.model.lm_head, Int4Head):
+        return
     fast.model.lm_head.use_fbgemm()
     if fast.model.lm_head.fbgemm:  # where fbgemm runs (models/fbgemm.py): the one-row head too
         nll_rows, top_rows = _nll_and_top1_with_fbgemm_head(fast, ids)
@@ -360,8 +398,12 @@ def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(gemma3):
 
 
 def _nll_and_top1_with_fbgemm_head(llm: LLM, ids: list[int]) -> tuple[float, torch.Tensor]:
-    """As a compiled decode step computes them: the head takes one row at a time, by fbgemm."""
+    """As a compiled decode step computes them: the head takes one row at a time, by fbgemm. An
+    int4 head (Int4Head, where rowdot runs) is replaced by the int8 head made elsewhere."""
     head = llm.model.lm_head
+    if not isinstance(head, Int8Linear):
+        head = Int8Linear.from_weight(llm.model.embed_tokens.weight.float())
+        head.logits = True
     head.use_fbgemm()
     if not head.fbgemm:
         pytest.skip(NO_FBGEMM)

@@ -1,7 +1,7 @@
-"""pellucid's C kernels (unpack.c, rowdot.c, decode_attention.c), built for this CPU at first
-use into one shared library in pellucid's cache, named after their sources and the CPU's flags;
-and their torch ops (ops.cpp: rowdot's products and decode attention), built where they are
-the fast path.
+"""pellucid's C kernels (unpack.c, rowdot.c, lm_head.c, decode_attention.c), built for this CPU
+at first use into one shared library in pellucid's cache, named after their sources and the CPU's
+flags; and their torch ops (ops.cpp: rowdot's products, the int4 LM head and decode attention),
+built where they are the fast path.
 
 They are compiled with the machine's C compiler (-O3 -march=native, about a second) and OpenMP:
 linked by soname to libgomp.so.1, the library resolves to the copy torch has loaded already, so
@@ -29,9 +29,8 @@ from pellucid.weights.cache import cache_root
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))  # in the libraries' names, not compiled
-OPS_SOURCES = [
-    Path(__file__).with_name(name) for name in ("ops.cpp", "rowdot.c", "decode_attention.c")
-]
+OPS_NAMES = ("ops.cpp", "rowdot.c", "lm_head.c", "decode_attention.c")
+OPS_SOURCES = [Path(__file__).with_name(name) for name in OPS_NAMES]
 log = logging.getLogger("pellucid")
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -42,6 +41,7 @@ SIGNATURES = {
     "int8_to_dense": [_ptr, _ptr, _ptr, _i64, _i64, _int],
     "int4_rows_mm": [_ptr, _int, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64],
     "int8_rows_mm": [_ptr, _int, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64],
+    "int4_head_mm": [_ptr, _int, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64],
 }
 
 

@@ -7,7 +7,9 @@ scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights 
 min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
 multiplies activations by these packed weights without unpacking them to memory. A matrix
 that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is kept as
-int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head.
+int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head, unless it is the
+embedding table (tied) and rowdot's kernels run: then it is int4, its likeliest logits rechecked
+against the table (Int4Head).
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
 to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows (UNPACK_ROWS where the matrix
@@ -55,6 +57,8 @@ UNPACK_ROWS = 48
 # layers take it for any count below this, and keep no dense copies
 ROWDOT_ROWS = 1 << 16
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
+# each row's likeliest logits that an int4 LM head computes again from the bf16 table (Int4Head)
+RECHECK = 64
 
 
 # What the CPU can do is read at first use, not at import: the layers built then keep what they
@@ -70,8 +74,8 @@ def channel_block() -> int | None:
 def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
     CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel). v4: norms and biases are
-    float32 (packed_model.quantize)."""
-    return "packed-v4-dot8" if rowdot.available() else f"packed-v4-n{channel_block() or 0}"
+    float32 (packed_model.quantize); v5: a tied head is int4 with rowdot (Int4Head)."""
+    return "packed-v5-dot8" if rowdot.available() else f"packed-v4-n{channel_block() or 0}"
 
 
 @functools.cache
@@ -291,6 +295,23 @@ class Int4DotLinear(PackedLinear):
         # in float32, rounded once: q * scale nearly cancels min at the group's zero crossing
         w = q.float() * scale[..., None] + low[..., None]
         return w.reshape(self.out_features, self.in_features).bfloat16()
+
+
+class Int4Head(Int4DotLinear):
+    """A tied LM head in int4 (rowdot's layout), each row's RECHECK largest logits computed again
+    from the bf16 embedding table it shares (lm_head.c): 5/8 of an int8 head's bytes, and the
+    head is most of what a token reads where the vocabulary is large (Gemma 3's 262k rows). int4
+    alone moves every logit; rechecked, only those too unlikely to be sampled keep the int4
+    error. Logits are float32."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features)
+        # the embedding's bf16 (vocab, dim) table, set by packed_model.share_embedding; a plain
+        # attribute, which a compiled step reads as the model's own tensor
+        self.table: Tensor | None = None
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        return rowdot.int4_head_mm(rows, self.packed, self.params, self.table, RECHECK)
 
 
 class Int8Linear(PackedLinear):

@@ -12,9 +12,10 @@ time of torch's AVX-512 int4 kernel for one row, and a 512-token pre-fill took l
 with bf16 GEMMs (without AMX; benchmarks/results/comments.md). Rounding the rows costs little
 accuracy (perplexity within 1% of float32: tests/test_quant.py).
 
-The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm`, so that a
-compiled decode step (torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as
-it calls any other kernel. Where rowdot is the fast path, they are C++ (rowdot_ops.cpp, built at
+The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm` (and the
+int4 LM head's, `pellucid::int4_head_mm`: lm_head.c), so that a compiled decode step
+(torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as it calls any other
+kernel. Where rowdot is the fast path, they are C++ (ops.cpp, built at
 first use by kernels.py): a call through Python cost ~20 us, more than some of the products.
 Elsewhere, and where that cannot be built, the Python implementation below calls the same
 kernels; it is registered as the ops' composite implementation, which a CPU one overrides.
@@ -58,6 +59,9 @@ def int8_every_row() -> bool:
 _LIB = torch.library.Library("pellucid", "FRAGMENT")
 _LIB.define("int4_rows_mm(Tensor rows, Tensor packed, Tensor params) -> Tensor")
 _LIB.define("int8_rows_mm(Tensor rows, Tensor weight, Tensor scales) -> Tensor")
+_LIB.define(
+    "int4_head_mm(Tensor rows, Tensor packed, Tensor params, Tensor table, int k) -> Tensor"
+)
 
 
 def int4_rows_mm(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
@@ -71,6 +75,21 @@ def int8_rows_mm(rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     """rows (n, in) bf16 or float32 -> (n, out) float32: rows @ (weight * scales[:, None]).T for
     int8 weight (out, in) and bf16 scales (out,). float32 out: for the LM head's logits."""
     return torch.ops.pellucid.int8_rows_mm(rows, weight, scales)
+
+
+def int4_head_mm(rows: Tensor, packed: Tensor, params: Tensor, table: Tensor, k: int) -> Tensor:
+    """rows (n, in) bf16 or float32 -> logits (n, out) float32: rows @ W.T for W in the dot8
+    layout, then each row's k largest recomputed from table (out, in) bf16 (lm_head.c)."""
+    return torch.ops.pellucid.int4_head_mm(rows, packed, params, table, k)
+
+
+def _head(rows: Tensor, packed: Tensor, params: Tensor, table: Tensor, k: int) -> Tensor:
+    rows, out = rows.contiguous(), _int8_out(rows, table)
+    kernels.library().int4_head_mm(
+        rows.data_ptr(), rows.dtype == torch.bfloat16, packed.data_ptr(), params.data_ptr(),
+        table.data_ptr(), k, out.data_ptr(), *rows.shape[:1], out.shape[1], rows.shape[1],
+    )  # fmt: skip
+    return out
 
 
 def _call(name: str, rows: Tensor, weight: Tensor, params: Tensor, out: Tensor) -> Tensor:
@@ -102,6 +121,8 @@ _LIB.impl(
     "CompositeExplicitAutograd",
 )
 
+_LIB.impl("int4_head_mm", _head, "CompositeExplicitAutograd")
+
 
 @torch.library.register_fake("pellucid::int4_rows_mm")
 def _(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
@@ -111,3 +132,8 @@ def _(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
 @torch.library.register_fake("pellucid::int8_rows_mm")
 def _(rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
     return _int8_out(rows, weight)
+
+
+@torch.library.register_fake("pellucid::int4_head_mm")
+def _(rows: Tensor, packed: Tensor, params: Tensor, table: Tensor, k: int) -> Tensor:
+    return _int8_out(rows, table)
