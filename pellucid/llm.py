@@ -30,6 +30,7 @@ from pellucid.engine.sequence import Sequence
 from pellucid.errors import PromptError
 from pellucid.loading import sampling_defaults
 from pellucid.loading.loader import build_from_state, load_int4, read_checkpoint
+from pellucid.malloc import release_freed_memory
 from pellucid.models.dense import dense_dtype
 from pellucid.structured import parse_tool_calls, prepare_chat, reply_defaults
 from pellucid.tokenizer import Tokenizer
@@ -87,6 +88,8 @@ class LLM:
             config.max_model_len = max_model_len
         config.compile = config.compile or compile  # torch.compile the decode step
         self.engine = LLMEngine(self.model, self.tokenizer, self.kv_dtype, config)
+        del metadata  # a large vocabulary's lists of strings
+        release_freed_memory()  # what reading the tokenizer and the metadata freed
         self.load_s = time.perf_counter() - start
 
     # --- prompts -> token ids -------------------------------------------------------------
