@@ -13,7 +13,7 @@ from pellucid.malloc import release_freed_memory
 
 def _anonymous_mib() -> float:
     rollup = open("/proc/self/smaps_rollup").read()
-    return int(re.search(r"^Anonymous:\s+(\d+)", rollup, re.M).group(1)) / 1024
+    return int(re.search(r"^Anonymous:\s+(\d+)", rollup, re.MULTILINE).group(1)) / 1024
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
