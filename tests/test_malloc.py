@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from pellucid.malloc import release_freed_memory
 
 
 def _anonymous_mib() -> float:
-    rollup = open("/proc/self/smaps_rollup").read()
+    rollup = Path("/proc/self/smaps_rollup").read_text()
     return int(re.search(r"^Anonymous:\s+(\d+)", rollup, re.MULTILINE).group(1)) / 1024
 
 
