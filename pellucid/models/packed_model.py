@@ -61,15 +61,19 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
 
 
 def packed_head(model: LlamaModel, stored: set[str] | None = None) -> PackedLinear:
-    """The LM head packed: int4 where it is the embedding table (tied), which then also gives
-    the likeliest logits exactly (Int4Head), and rowdot's kernels run; else int8. Gemma 3's
-    262k-row head was 168 MB of the 268 MB a token read in int8; in int4, 105 MB. (`stored`: as
+    """The LM head packed (after the decoder's layers): int4 where it is the embedding table
+    (tied), rowdot's kernels run and the head in int8 would outweigh the decoder, so that most
+    of what a token reads is the head; else int8. An int4 head also gives each row's likeliest
+    logits exactly (Int4Head). Gemma 3's 262k-row head was 168 MB of the 269 MB a token read;
+    in int4, 105 MB. SmolLM2's is 28 MB against its decoder's 66: there int4 saved little, and
+    the replies it changed moved its BFCL score (benchmarks/results/comments.md). (`stored`: as
     quantize's.)"""
     w = model.lm_head.weight
     if stored is not None:
         int4 = "lm_head.packed" in stored
     else:
-        int4 = model.cfg.tie_embeddings and rowdot.available()
+        decoder = sum(b.numel() * b.element_size() for b in model.layers.buffers())
+        int4 = model.cfg.tie_embeddings and rowdot.available() and w.numel() > decoder
         int4 = int4 and int4_packable(*w.shape, Int4DotLinear)
     if int4:
         return Int4Head.from_weight(w)
