@@ -12,7 +12,8 @@ wants several calls, and max_tokens 256 (512 for the parallel ones); with and wi
 server: `pellucid serve` driven by the official `openai` client the way its users send requests:
 model, messages, tools and tool_choice and nothing else, so temperature, top_p, max_tokens and
 parallel_tool_calls are the server's defaults (greedy for a reply that must call, the model's
-recommended sampling otherwise, up to the end of the context, parallel calls allowed); 16
+recommended sampling otherwise, up to the end of the context, parallel calls where the model's
+chat template writes them: not SmolLM2's, so one call a reply, as llama.cpp's server decides); 16
 requests in flight. The grammar is always on there. Irrelevance alone also sends max_tokens
 4096, as BFCL's own harness does for local models (min(4096, context - prompt)): a quarter of
 SmolLM2's free-text replies there loop to the end of the 8k context, and rows that long make

@@ -152,11 +152,12 @@ class LLM:
         *,
         tools: list[dict] | None = None,
         tool_choice: str | dict = "auto",
-        parallel_tool_calls: bool = True,
+        parallel_tool_calls: bool | None = None,
         response_format: dict[str, Any] | None = None,
     ) -> Iterator[RequestOutput]:
         """Stream a reply. tool_choice: "auto" | "none" | "required" | {"type": "function",
         "function": {"name": ...}}; calls always match the tools' schemas (a grammar sees to it).
+        parallel_tool_calls: several calls in a reply; None, as the model's chat template allows.
         response_format: {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}.
         Without `params`: the model's recommended sampling, as the server uses."""
         chat = prepare_chat(

@@ -161,8 +161,11 @@ def _reply(client: openai.OpenAI, stream: bool, **kwargs) -> tuple[list[tuple[st
 
 
 def _raw_calls(llm: LLM, messages: list[dict], max_tokens: int) -> list[dict]:
-    """The calls greedy decoding writes under the required grammar when nothing filters them."""
-    chat = prepare_chat(llm.tokenizer, messages, tools=[WEATHER], tool_choice="required")
+    """The calls greedy decoding writes under the required grammar, parallel calls allowed,
+    when nothing filters them."""
+    chat = prepare_chat(
+        llm.tokenizer, messages, tools=[WEATHER], tool_choice="required", parallel_tool_calls=True
+    )
     fields = chat.sampling_fields()
     del fields["distinct_blocks"]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, **fields)
@@ -173,11 +176,23 @@ def _raw_calls(llm: LLM, messages: list[dict], max_tokens: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_repeated_call_ends_the_reply(smollm2: LLM, client: openai.OpenAI, stream: bool) -> None:
-    # Left alone, the model calls get_weather(Oslo, celsius) again and again.
+@pytest.mark.parametrize("parallel", [True, openai.omit])
+def test_a_repeated_call_ends_the_reply(
+    smollm2: LLM, client: openai.OpenAI, stream: bool, parallel: bool
+) -> None:
+    # Left alone, the model calls get_weather(Oslo, celsius) again and again. With parallel
+    # calls asked for, the repeat ends the reply; left out (the client's default), SmolLM2's
+    # template knows no parallel calls, and the grammar allows one.
     raw = _raw_calls(smollm2, OSLO, 300)
     assert len(raw) >= 3 and all(c == raw[0] for c in raw)
-    calls, finish = _reply(client, stream, messages=OSLO, tools=[WEATHER], tool_choice="required")
+    calls, finish = _reply(
+        client,
+        stream,
+        messages=OSLO,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=parallel,
+    )
     assert calls == [("get_weather", raw[0])] and finish == "tool_calls"
 
 
@@ -189,7 +204,13 @@ def test_a_call_the_margin_forced_shut_is_left_out(
     raw = _raw_calls(smollm2, ASK, 80)
     assert len(raw) == 2 and raw[0]["city"] == "Paris" and raw[1]["city"] == ""
     calls, finish = _reply(
-        client, stream, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=80
+        client,
+        stream,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        max_tokens=80,
+        parallel_tool_calls=True,
     )
     assert calls == [("get_weather", raw[0])] and finish == "length"
 

@@ -437,6 +437,7 @@ def test_a_batch_too_wide_for_drafts_still_checks_a_repeated_call_in_one_step(sm
             [{"role": "user", "content": f"What is the weather in {city}?"}],
             tools=[WEATHER],
             tool_choice="required",
+            parallel_tool_calls=True,
         )
         fields = reply_defaults(smollm2.sampling_defaults, chat.sampling_defaults)
         # the first request, traced (tokens and steps: the compiled path), shows its guesses

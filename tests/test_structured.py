@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from llama_cpp_source import source_dir
 
 from pellucid import LLM, SamplingParams
 from pellucid.engine.grammar import GrammarCompiler, unpack_bitmask
@@ -19,8 +20,10 @@ from pellucid.structured import (
     response_format_grammar,
     tool_call_grammar,
 )
+from pellucid.structured.chat_request import parallel_calls_by_default
 from pellucid.structured.grammars import MAX_PARALLEL_CALLS
 from pellucid.structured.tool_prompt import messages_with_tools
+from pellucid.tokenizer.chat_template import renders_parallel_calls
 
 WEATHER = {
     "type": "function",
@@ -338,3 +341,29 @@ def test_prepare_chat_none_leaves_tools_out(smollm2: LLM) -> None:
         constrained=False,
     )
     assert off.grammar is None and off.parse_calls and "calculator" in off.prompt
+
+
+# llama.cpp's copies of real chat templates, and whether each writes out a turn of two calls:
+# by reading them (Qwen's and Hermes' loop over the calls, Llama 3.1's raises on more than one,
+# Gemma 2's knows no tools)
+TEMPLATES = {
+    "Qwen-Qwen2.5-7B-Instruct": True,
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": True,
+    "mistralai-Mistral-Nemo-Instruct-2407": True,  # asks for call ids of 9 characters
+    "meta-llama-Llama-3.1-8B-Instruct": False,
+    "google-gemma-2-2b-it": False,
+}
+
+
+def test_parallel_calls_by_default_where_the_template_writes_them(smollm2: LLM) -> None:
+    folder = source_dir() / "models" / "templates"
+    for name, parallel in TEMPLATES.items():
+        assert renders_parallel_calls((folder / f"{name}.jinja").read_text()) == parallel, name
+    # SmolLM2's template knows no tools: pellucid's own format, one call a reply unless asked
+    assert not parallel_calls_by_default(smollm2.tokenizer)
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    grammars = [
+        prepare_chat(smollm2.tokenizer, ask, tools=[WEATHER], tool_choice="required", **kw).grammar
+        for kw in ({}, {"parallel_tool_calls": False}, {"parallel_tool_calls": True})
+    ]
+    assert grammars[0] == grammars[1] != grammars[2]

@@ -107,7 +107,11 @@ class Agent:
             grounded(t.openai_schema(), self.grounded.get(t.name, ()), question)
             for t in self.tools.values()
         ]
-        out = self.llm.chat(messages, self.params, tools=schemas, tool_choice=choice)
+        # several calls a turn, whatever the template: a question that needs two tools gets
+        # both at once (the example turns show how: agent/examples.py)
+        out = self.llm.chat(
+            messages, self.params, tools=schemas, tool_choice=choice, parallel_tool_calls=True
+        )
         tok = self.llm.tokenizer
         return ModelTurn(
             number=number,

@@ -127,7 +127,8 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    # None (left out): as the model's chat template allows (structured.parallel_calls_by_default)
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingRequest):

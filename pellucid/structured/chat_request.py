@@ -13,6 +13,7 @@ from pellucid.structured.grammars import (
 from pellucid.structured.tool_calls import CALL_CLOSE, CALL_OPEN
 from pellucid.structured.tool_prompt import messages_with_tools
 from pellucid.tokenizer import Tokenizer
+from pellucid.tokenizer.chat_template import renders_parallel_calls
 
 # Tokens at the end of max_tokens kept for closing a constrained reply's JSON: enough for the
 # quotes and brackets of a few nesting levels and the closing tag.
@@ -72,11 +73,12 @@ def prepare_chat(
     *,
     tools: list[dict] | None = None,
     tool_choice: str | dict = "auto",
-    parallel_tool_calls: bool = True,
+    parallel_tool_calls: bool | None = None,
     response_format: dict[str, Any] | None = None,
     constrained: bool = True,
 ) -> PreparedChat:
     """Render the prompt; `constrained=False` leaves the grammar off (to measure what it buys).
+    `parallel_tool_calls` None: as `parallel_calls_by_default` says for this model.
 
     With tools in play (tool_choice not "none"), the tool grammar decides the reply's shape and
     response_format applies only to replies without tools.
@@ -88,6 +90,8 @@ def prepare_chat(
         prompt = tokenizer.apply_chat_template(messages, tools=active)
     else:
         prompt = tokenizer.apply_chat_template(messages_with_tools(messages, active))
+    if parallel_tool_calls is None:
+        parallel_tool_calls = parallel_calls_by_default(tokenizer)
     if active:
         grammar = tool_call_grammar(active, tool_choice, parallel_tool_calls)
     else:
@@ -99,6 +103,16 @@ def prepare_chat(
     return PreparedChat(
         prompt, grammar, bool(active), CLOSE_MARGIN, CALL_SAMPLING if active else {}, bool(active)
     )
+
+
+def parallel_calls_by_default(tokenizer: Tokenizer) -> bool:
+    """Whether a reply may hold several calls where the request does not say (a client's
+    default): where the model's chat template writes out a turn of several calls, as llama.cpp's
+    server decides it. A template that does not know tools (SmolLM2's, Gemma 3's) gets
+    pellucid's own format, one call a reply: with more allowed, SmolLM2 added calls nobody asked
+    for, the same function again with other values (benchmarks/results/comments.md). A request
+    asks for several with `parallel_tool_calls`."""
+    return _template_has_tools(tokenizer) and renders_parallel_calls(tokenizer.chat_template)
 
 
 def _template_has_tools(tokenizer: Tokenizer) -> bool:

@@ -7,6 +7,7 @@ messages, tools, documents, add_generation_prompt, bos_token, eos_token, and any
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from typing import Any, ClassVar
@@ -51,6 +52,53 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as e:
             raise PromptError(f"the model's chat template rejected these messages: {e}") from e
+
+
+# An assistant turn of two calls, for renders_parallel_calls: tools described in full (some
+# templates print every field), call ids of 9 characters (Mistral's templates ask for them)
+_PROBE_NAMES = ("probe_alpha", "probe_beta")
+_PROBE_PARAMETERS = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "Some text."}},
+    "required": ["text"],
+}
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": n, "description": "A probe.", "parameters": _PROBE_PARAMETERS},
+    }
+    for n in _PROBE_NAMES
+]
+
+
+def _probe(arguments: Any) -> list[dict[str, Any]]:
+    calls = [
+        {"id": f"call{i}____", "type": "function", "function": {"name": n, "arguments": arguments}}
+        for i, n in enumerate(_PROBE_NAMES)
+    ]
+    return [
+        {"role": "user", "content": "Call both."},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+    ]
+
+
+@functools.lru_cache(maxsize=16)
+def renders_parallel_calls(source: str) -> bool:
+    """Whether a chat template writes out an assistant turn of two tool calls: a model tuned on
+    such turns makes several calls in one reply (llama.cpp's server reads its template's
+    capabilities the same way, and allows parallel calls by default only where it does). The
+    calls' arguments go in as an object, then as a JSON string (templates take one or the
+    other); a template that fails on both does not (Llama 3.1's raises on more than one call)."""
+    template = ChatTemplate(source, bos_token="", eos_token="")
+    for arguments in ({"text": "a"}, '{"text": "a"}'):
+        try:
+            text = template.render(
+                _probe(arguments), tools=_PROBE_TOOLS, add_generation_prompt=False
+            )
+        except Exception:  # noqa: BLE001, S112 - a failure to render them is a "no"
+            continue
+        return all(name in text for name in _PROBE_NAMES)
+    return False
 
 
 class _GenerationTag(Extension):
