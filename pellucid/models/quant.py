@@ -7,9 +7,9 @@ scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights 
 min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
 multiplies activations by these packed weights without unpacking them to memory. A matrix
 that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is kept as
-int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head, unless it is the
-embedding table (tied) and rowdot's kernels run: then it is int4, its likeliest logits rechecked
-against the table (Int4Head).
+int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head; unless it is
+the embedding table (tied), outweighs the decoder and rowdot's kernels run: then it is int4, its
+likeliest logits rechecked against the table (Int4Head, packed_model.packed_head).
 
 These kernels do one pass over the weights per row, so they win for a few rows (decode) and lose
 to a GEMM for many (pre-fill, big batches): past DENSE_ROWS rows (UNPACK_ROWS where the matrix

@@ -87,7 +87,7 @@ def _head(rows: Tensor, packed: Tensor, params: Tensor, table: Tensor, k: int) -
     rows, out = rows.contiguous(), _int8_out(rows, table)
     kernels.library().int4_head_mm(
         rows.data_ptr(), rows.dtype == torch.bfloat16, packed.data_ptr(), params.data_ptr(),
-        table.data_ptr(), k, out.data_ptr(), *rows.shape[:1], out.shape[1], rows.shape[1],
+        table.data_ptr(), k, out.data_ptr(), rows.shape[0], out.shape[1], rows.shape[1],
     )  # fmt: skip
     return out
 
