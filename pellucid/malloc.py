@@ -18,24 +18,26 @@ M_TRIM_THRESHOLD, M_TOP_PAD = -1, -2  # glibc's mallopt parameters (malloc.h)
 def keep_freed_memory(trim_threshold: int = 1 << 30, top_pad: int = 64 << 20) -> bool:
     """Trim the heap only past `trim_threshold` free bytes and grow it `top_pad` bytes at a time.
     True if set; False where the C library is not glibc (macOS, musl), which changes nothing."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     return bool(mallopt(M_TRIM_THRESHOLD, trim_threshold)) and bool(mallopt(M_TOP_PAD, top_pad))
 
 
 def release_freed_memory() -> bool:
     """Give the heap's free memory back to the OS now (glibc's malloc_trim). For after loading:
-    parsing a large tokenizer (Gemma 3's 262k tokens and 515k merges, as JSON) frees ~270 MB that
+    parsing a large tokenizer (Gemma 3's 262k tokens and 515k merges, as JSON) frees memory that
     glibc would otherwise keep, counted in the process's memory for as long as it runs. False
     where the C library is not glibc."""
+    malloc_trim = _glibc("malloc_trim")
+    return malloc_trim is not None and bool(malloc_trim(0))
+
+
+def _glibc(name: str) -> ctypes._CFuncPtr | None:
+    """glibc's function `name`, or None where this is not Linux with glibc."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
-        return False
-    return bool(malloc_trim(0))
+        return None
