@@ -75,24 +75,14 @@ static void top_k(const float *v, int64_t len, int64_t k, int64_t *idx, float *v
         offer(val, idx, k, v[i], i);
 }
 
-#ifdef HEAD_AVX2
-static inline __m256 widen8(const uint16_t *p) { /* 8 bf16 -> 8 floats */
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-#endif
-
 /* A float32 or bf16 row times a bf16 row of the table, in one fixed order. */
 static float exact_dot(const void *x, int x_bf16, const uint16_t *w, int64_t in_f) {
     int64_t j = 0;
     float sum = 0.0f;
 #ifdef HEAD_AVX2
     __m256 acc = _mm256_setzero_ps();
-    for (; j + 8 <= in_f; j += 8) {
-        const __m256 xv =
-            x_bf16 ? widen8((const uint16_t *)x + j) : _mm256_loadu_ps((const float *)x + j);
-        acc = _mm256_fmadd_ps(xv, widen8(w + j), acc);
-    }
+    for (; j + 8 <= in_f; j += 8)
+        acc = _mm256_fmadd_ps(load8(x, j, x_bf16), bf16x8(w + j), acc);
     float lanes[8];
     _mm256_storeu_ps(lanes, acc);
     for (int l = 0; l < 8; l++)

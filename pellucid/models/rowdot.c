@@ -51,13 +51,6 @@
    row with the weights, whose error is smaller than that of a mix of the two (m is as large as
    the weights). */
 #ifdef ROWDOT_AVX2
-static inline __m256 load8(const void *x, int64_t at, int bf16) { /* 8 bf16 or floats -> floats */
-    if (!bf16)
-        return _mm256_loadu_ps((const float *)x + at);
-    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + at));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 static inline float max8(__m256 v) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
@@ -147,11 +140,6 @@ static void free_rounded(Rounded r) {
 }
 
 #ifdef ROWDOT_AVX2
-static inline __m256 bf16x8(const uint16_t *p) { /* 8 bf16 -> 8 floats */
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
 static inline __m256i broadcast4(const int8_t *x) { /* 4 int8 into every 32-bit lane */
     int32_t four;
     memcpy(&four, x, 4);

@@ -90,9 +90,9 @@ def prepare_chat(
         prompt = tokenizer.apply_chat_template(messages, tools=active)
     else:
         prompt = tokenizer.apply_chat_template(messages_with_tools(messages, active))
-    if parallel_tool_calls is None:
-        parallel_tool_calls = parallel_calls_by_default(tokenizer)
     if active:
+        if parallel_tool_calls is None:
+            parallel_tool_calls = parallel_calls_by_default(tokenizer)
         grammar = tool_call_grammar(active, tool_choice, parallel_tool_calls)
     else:
         grammar = response_format_grammar(response_format)
