@@ -61,6 +61,17 @@ WEATHER = {
     "wind_kmh": 14,
     "humidity_percent": 62,
     "forecast": "light rain expected after 18:00",
+    "hourly": [
+        {"time": f"{hour}:00", "temperature_c": temperature, "rain_mm": rain}
+        for hour, temperature, rain in [
+            (15, 21, 0.0),
+            (16, 21, 0.0),
+            (17, 20, 0.0),
+            (18, 19, 0.4),
+            (19, 18, 1.2),
+            (20, 17, 2.1),
+        ]
+    ],
 }
 
 
@@ -87,6 +98,9 @@ def tasks() -> dict[str, list[dict]]:
             'Return this JSON document unchanged except that status becomes "shipped":\n\n'
             + json.dumps(ORDER, indent=2)
         ),
+        # The request names the form the quote takes: asked only to "quote the result in
+        # full", SmolLM2 quoted it in one build's rounding and in another wrote about calling
+        # the tool instead, so the task measured the model's whim more than the drafts.
         "quote tool result": [
             {"role": "user", "content": "What is the weather in Lisbon right now?"},
             {
@@ -97,8 +111,8 @@ def tasks() -> dict[str, list[dict]]:
             {"role": "tool", "content": json.dumps(WEATHER, indent=2)},
             {
                 "role": "user",
-                "content": "Quote the tool's result to me in full, then tell me whether to "
-                "take an umbrella.",
+                "content": "Rewrite the tool's result exactly as it is, in a ```json block, "
+                "then tell me whether I need an umbrella.",
             },
         ],
         "code edit": user(
