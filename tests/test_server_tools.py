@@ -143,11 +143,7 @@ def _reply(client: openai.OpenAI, stream: bool, **kwargs) -> tuple[list[tuple[st
     """(name, arguments) of each call and the finish_reason, from a whole or a streamed reply."""
     kwargs = {"model": MODEL, "temperature": 0, **kwargs}
     if not stream:
-        choice = client.chat.completions.create(**kwargs).choices[0]
-        calls = choice.message.tool_calls or []
-        return [(c.function.name, json.loads(c.function.arguments)) for c in calls], (
-            choice.finish_reason
-        )
+        return _calls(client.chat.completions.create(**kwargs).choices[0])
     parts: dict[int, dict] = {}
     finish = ""
     for chunk in client.chat.completions.create(stream=True, **kwargs):
@@ -158,6 +154,14 @@ def _reply(client: openai.OpenAI, stream: bool, **kwargs) -> tuple[list[tuple[st
         if chunk.choices and chunk.choices[0].finish_reason:
             finish = chunk.choices[0].finish_reason
     return [(c["name"], json.loads(c["arguments"])) for c in parts.values()], finish
+
+
+def _calls(choice) -> tuple[list[tuple[str, dict]], str]:
+    """(name, arguments) of each call of a whole reply's choice, and its finish_reason."""
+    calls = choice.message.tool_calls or []
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls], (
+        choice.finish_reason
+    )
 
 
 def _raw_calls(llm: LLM, messages: list[dict], max_tokens: int) -> list[dict]:
@@ -226,12 +230,14 @@ def test_required_draws_again_then_keeps_the_forced_call(
     # come out the same).
     ask = {"messages": OSLO, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 40}
     for temperature, redraws in ((0.7, 2), (openai.omit, 2), (0, 0)):
-        calls, finish = _reply(client, stream, temperature=temperature, **ask)
-        assert len(calls) == 1 and calls[0][1]["city"] == "" and finish == "length"
-        if not stream:
+        if stream:
+            calls, finish = _reply(client, stream, temperature=temperature, **ask)
+        else:  # one request: its calls, and how often it was drawn
             whole = client.chat.completions.create(model=MODEL, temperature=temperature, **ask)
+            calls, finish = _calls(whole.choices[0])
             assert whole.model_extra["pellucid"]["timings"][0]["redraws"] == redraws
             assert whole.usage.completion_tokens <= 40  # the last draw's tokens
+        assert len(calls) == 1 and calls[0][1]["city"] == "" and finish == "length"
 
 
 @pytest.mark.parametrize("stream", [False, True])
