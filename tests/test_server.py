@@ -501,7 +501,7 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error() -> None:
     """schemathesis generates valid and invalid requests from /openapi.json: none may get a 5xx.
     A 48-token context keeps every generation short (a chat prompt alone takes ~35 tokens of it)
     and two sequences at most; the engine thread stops with uvicorn."""
-    llm = LLM(MODEL, dtype="float32", max_model_len=48, engine=EngineConfig(max_num_seqs=2))
+    llm = LLM(MODEL, max_model_len=48, engine=EngineConfig(max_num_seqs=2))
     app = create_app(llm, model_name=MODEL, limits=ServerLimits(max_waiting=0))
     with serving(app) as running:
         schema = schemathesis.openapi.from_url(running.url + "/openapi.json")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
-from helpers import KEY, MODEL, Running
+from helpers import KEY, MODEL, Running, serving
 
 from pellucid import LLM, SamplingParams
 from pellucid.structured import prepare_chat
@@ -42,6 +43,22 @@ CALC = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> LLM:
+    """The default path, as `pellucid serve` runs it (int4, decode compiled ahead): its
+    replies are the ones users get, and it decodes several times faster than float32."""
+    return LLM(MODEL)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: LLM) -> Iterator[Running]:
+    """`pellucid serve`'s app on that model."""
+    from pellucid.server import create_app
+
+    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
+        yield running
 
 
 def _check_call(call, tool: dict) -> dict:
