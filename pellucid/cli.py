@@ -98,7 +98,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--dtype",
         default="int4",
         choices=["int4", "float32", "bfloat16", "float16"],
-        help="int4 (default): the fast path (int4 weights, int8 LM head, bf16 KV cache); "
+        help="int4 (default): the fast path (int4 weights; an int8 LM head, or int4 with its "
+        "likeliest logits rechecked where the head outweighs the decoder; bf16 KV cache); "
         "float32: the reference, matching Hugging Face transformers' logits",
     )
     p.add_argument(
