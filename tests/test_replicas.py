@@ -383,13 +383,12 @@ def test_when_every_replica_and_the_router_queue_are_full_the_answer_is_429(clus
     from ray import serve
 
     serve.delete(replicas.APP)
-    opts = (
-        ServeOptions(  # the default path: its replica loads and answers in a fraction of the time
-            model=MODEL,
-            api_key=KEY,
-            engine=EngineConfig(max_num_seqs=1),
-            limits=ServerLimits(max_waiting=0),
-        )
+    # the default path: its replica loads and answers in a fraction of float32's time
+    opts = ServeOptions(
+        model=MODEL,
+        api_key=KEY,
+        engine=EngineConfig(max_num_seqs=1),
+        limits=ServerLimits(max_waiting=0),
     )
     serve.run(replicas.application(opts, ReplicaOptions(1)), name="small", route_prefix="/")
 
