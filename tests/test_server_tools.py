@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
-from helpers import KEY, MODEL, Running, serving
+from helpers import KEY, MODEL, Running
 
 from pellucid import LLM, SamplingParams
 from pellucid.structured import prepare_chat
@@ -48,17 +47,9 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 @pytest.fixture(scope="module")
 def smollm2() -> LLM:
     """The default path, as `pellucid serve` runs it (int4, decode compiled ahead): its
-    replies are the ones users get, and it decodes several times faster than float32."""
+    replies are the ones users get, and it decodes several times faster than float32. The
+    conftest's `server` serves this one in this module."""
     return LLM(MODEL)
-
-
-@pytest.fixture(scope="module")
-def server(smollm2: LLM) -> Iterator[Running]:
-    """`pellucid serve`'s app on that model."""
-    from pellucid.server import create_app
-
-    with serving(create_app(smollm2, api_key=KEY, model_name=MODEL)) as running:
-        yield running
 
 
 def _check_call(call, tool: dict) -> dict:
@@ -67,6 +58,10 @@ def _check_call(call, tool: dict) -> dict:
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, tool["function"]["parameters"])
     return args
+
+
+def test_the_server_runs_this_modules_model(server: Running, smollm2: LLM) -> None:
+    assert server.state.llm is smollm2  # the default path's, not the conftest's float32 one
 
 
 def test_required_tool_choice_gives_a_valid_call(client: openai.OpenAI) -> None:
