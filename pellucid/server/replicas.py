@@ -129,8 +129,13 @@ def _unreachable(address: str | None, why: str) -> str:
 
 def application(opts: ServeOptions, cluster: ReplicaOptions) -> Any:
     """The Ray Serve application: the ingress bound to N engine replicas."""
+    import torch
+
     cpus = os.cpu_count() or 1
-    threads = max(1, cpus // cluster.replicas)
+    # The threads torch would take here (the physical cores, or OMP_NUM_THREADS where set),
+    # shared: replicas of more threads than that between them oversubscribe the cores, and
+    # every parallel region's barrier then waits on a thread another process has descheduled.
+    threads = max(1, torch.get_num_threads() // cluster.replicas)
     # More replicas than cores here: each asks a share of a core, so that they all start
     share = (
         cpus / cluster.replicas if cluster.replicas > cpus and not cluster.ray_address else threads
