@@ -87,6 +87,53 @@ def test_decode_attention_kernel_equals_sdpa(cache_dtype, n_heads, n_kv, head_di
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
+GUESS_CASES = [  # heads, K/V heads, dims, the sequence's first row's length, its rows, window
+    (9, 3, 64, 450, 8, None),  # a SmolLM2 reply and 7 guesses
+    (9, 3, 64, 126, 5, None),  # guesses past the end of a run of 128 keys
+    (4, 1, 256, 510, 4, 512),  # Gemma 3: the rows' windows start at different keys
+    (16, 2, 64, 40, 12, None),  # more rows than go together (MAX_ROWS)
+]
+
+
+@pytest.mark.skipif(not kernels.torch_ops(), reason="no C++ compiler for pellucid's torch ops")
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n_heads", "n_kv", "head_dim", "first", "rows", "window"), GUESS_CASES)
+def test_a_sequences_guesses_attend_together_as_each_row_would_alone(
+    cache_dtype, n_heads, n_kv, head_dim, first, rows, window
+):
+    """A sequence's newest token and its guesses share a block table and see one more key each:
+    the kernel attends them together (decode_attention.c). Each row's output is SDPA's, and
+    the same bit for bit as when it is attended alone, so a guess does not move its row's
+    logits. Another sequence's row follows them in the batch."""
+    torch.manual_seed(0)
+    block = 16
+    used = [-(-(first + rows) // block), 3]
+    num_blocks = sum(used) + 3
+    k_cache = torch.randn(num_blocks, block, n_kv, head_dim).to(cache_dtype)
+    v_cache = torch.randn(num_blocks, block, n_kv, head_dim).to(cache_dtype)
+    free = torch.randperm(num_blocks)
+    table, other = free[: used[0]], free[used[0] : sum(used)]
+    tables = torch.zeros(rows + 1, used[0], dtype=torch.long)
+    tables[:rows] = table
+    tables[rows, :3] = other
+    ctx_lens = torch.tensor([*range(first, first + rows), 40])
+    q = torch.randn(rows + 1, n_heads, head_dim)
+    scale = head_dim**-0.5
+
+    def kernel(rows: slice) -> torch.Tensor:
+        return torch.ops.pellucid.paged_decode_attention(
+            q[rows], k_cache, v_cache, tables[rows], ctx_lens[rows], window or 0, scale
+        )
+
+    together = kernel(slice(None))
+    positions = torch.arange(tables.shape[1] * block)[None]
+    mask = attention_mask((ctx_lens - 1)[:, None], positions, window)[:, None]
+    want = decode_attention(q, k_cache, v_cache, tables, mask, scale)
+    torch.testing.assert_close(together, want, atol=2e-6, rtol=1e-5)
+    for b in range(rows + 1):
+        assert torch.equal(kernel(slice(b, b + 1))[0], together[b]), f"row {b}"
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_rows_of_very_different_lengths_attend_in_groups_as_one_padded_batch(window):
     torch.manual_seed(0)

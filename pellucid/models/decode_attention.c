@@ -10,12 +10,16 @@
    with the query heads that share its K/V head (grouped-query attention), then a softmax with
    a polynomial exp, then the values weighted.
 
-   Work is split over (row, run of CHUNK keys) among OpenMP's threads (torch's own, see
-   kernels.py); an item goes through its keys once per K/V head, the first time prefetching
-   whole slots (every head's K and V), which come from memory: a layer's cache is far from the
-   last one's in a step. Each (row, head, run) keeps its highest score, its sum of
-   exp(score - highest) and its weighted values, and each row's runs are merged rescaled to the
-   row's highest score (flash-decoding's merge), so one long row keeps both cores busy.
+   A sequence's newest token and its guesses read the same keys, up to one more each: those
+   rows go together, each key converted once for all their query heads and each run's values
+   once into floats for them (benchmarks/results/comments.md). Work is split over (rows, run of CHUNK keys, K/V head) among OpenMP's threads
+   (torch's own, see kernels.py); a row alone goes through its run's heads in one item, the
+   first prefetching whole slots (every head's K and V), which come from memory: a layer's
+   cache is far from the last one's in a step. Each (row, head, run) keeps its highest score,
+   its sum of exp(score - highest) and its weighted values, and each row's runs are merged
+   rescaled to the row's highest score (flash-decoding's merge), so one long row keeps both
+   cores busy. A row's results are the same bit for bit alone or beside others: each of its
+   sums runs in the same order, with the same fused products, in any company.
 
    q (B, H, hd) float32; k, v (blocks, block_size, Hkv, hd) bf16 or float32; tables (B, width)
    int64 block numbers; ctx (B,) int64: the keys row b sees are positions [0, ctx[b]) of its
@@ -31,6 +35,15 @@
 #include <immintrin.h>
 #endif
 
+/* No product fused with a sum unless fmadd (below) says so: the compiler's own choice of which
+   to fuse differed between two inlined copies of one loop (for 1 query and for 8), and a row's
+   result then with the rows beside it. */
+#ifdef __clang__
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 /* Floats a vector: a register's worth. Vectors of 16 on AVX2 (two registers each) GCC moved
    through memory piece by piece, at every context length (benchmarks/results/comments.md). */
 #if defined(__AVX512F__) || !defined(__AVX__)
@@ -42,6 +55,9 @@
 #define MAX_GROUP 8  /* query heads a K/V head */
 #define MAX_HD 256   /* dims a head */
 #define PREFETCH 16  /* keys ahead */
+#define MAX_ROWS 8   /* rows of one sequence an item attends */
+#define QUERY_BLOCK 8  /* queries whose dot products with a key are summed at once */
+#define VALUE_CHUNKS 8 /* vectors of a query's weighted values summed at once */
 
 typedef float vf __attribute__((vector_size(4 * VW)));
 typedef uint32_t vu __attribute__((vector_size(4 * VW)));
@@ -57,6 +73,24 @@ static inline vf load_vec(const char *p, int bf16) {
     }
     vf v;
     memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* a * b + c, rounded once where the CPU fuses them (twice where it cannot) */
+static inline vf fmadd(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__) && VW == 8
+    return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    return a * b + c;
+#endif
+}
+
+static inline vf splat(float x) {
+    vf v;
+    for (int i = 0; i < VW; i++)
+        v[i] = x;
     return v;
 }
 
@@ -87,93 +121,109 @@ static inline vf vexp(vf x) {
     const vf t = x * 1.44269504088896341f;
     const vf n = (t + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5 * 2^23 */
     const vf f = t - n;
-    vf p = f * 1.52527338e-5f + 1.54035304e-4f;
-    p = p * f + 1.33335581e-3f;
-    p = p * f + 9.61812911e-3f;
-    p = p * f + 5.55041087e-2f;
-    p = p * f + 2.40226507e-1f;
-    p = p * f + 6.93147181e-1f;
-    p = p * f + 1.0f;
+    vf p = fmadd(f, splat(1.52527338e-5f), splat(1.54035304e-4f));
+    p = fmadd(p, f, splat(1.33335581e-3f));
+    p = fmadd(p, f, splat(9.61812911e-3f));
+    p = fmadd(p, f, splat(5.55041087e-2f));
+    p = fmadd(p, f, splat(2.40226507e-1f));
+    p = fmadd(p, f, splat(6.93147181e-1f));
+    p = fmadd(p, f, splat(1.0f));
     return (vf)((vi)p + (__builtin_convertvector(n, vi) << 23));
 }
 
-/* One work item: query heads q (G, hd), already scaled, against keys [j0, j1) of one K/V head
-   (at byte `head` of a slot) -> the highest score m (G), the sum l (G) of exp(score - m), and
-   the values weighted by those exps o (G, hd). G is a constant where this is inlined, so the
-   G running sums stay in registers. */
-static inline __attribute__((always_inline)) void attend_run(
-    const float *q, const char *k, const char *v, int bf16, const int64_t *table,
-    int64_t block_size, int64_t slot_bytes, int64_t head, int64_t hd, int64_t j0, int64_t j1,
-    const int G, float *m, float *l, float *o) {
-    const int64_t elem = bf16 ? 2 : 4, n = j1 - j0, padded = (n + VW - 1) / VW * VW;
-    int64_t at[CHUNK]; /* byte offset of each key's head in the pool */
-    float s[MAX_GROUP][CHUNK];
-    for (int64_t j = j0; j < j1; j++)
-        at[j - j0] = (table[j / block_size] * block_size + j % block_size) * slot_bytes + head;
-
-    for (int64_t i = 0; i < n; i++) { /* scores */
-        if (head == 0 && i + PREFETCH < n) /* a later key's whole slot, keys and values: */
-            for (int64_t c = 0; c < slot_bytes; c += 64) { /* the other heads' too */
+/* Dot products of QN queries (QN, hd), already scaled, with keys at byte offsets at[0..n) ->
+   scores s (QN rows of CHUNK). QN a constant where this is inlined, so the QN running sums stay
+   in registers; each key is converted once for them. `prefetch`: also fetch the K and V of a
+   later key (`bytes` of each), which come from memory. */
+static inline __attribute__((always_inline)) void score_block(
+    const float *q, const char *k, const char *v, int bf16, const int64_t *at, int64_t n,
+    int64_t hd, int prefetch, int64_t bytes, const int QN, float *s) {
+    const int64_t elem = bf16 ? 2 : 4;
+    for (int64_t i = 0; i < n; i++) {
+        if (prefetch && i + PREFETCH < n)
+            for (int64_t c = 0; c < bytes; c += 64) {
                 __builtin_prefetch(k + at[i + PREFETCH] + c);
                 __builtin_prefetch(v + at[i + PREFETCH] + c);
             }
-        vf acc[MAX_GROUP];
-        for (int g = 0; g < G; g++)
+        vf acc[QUERY_BLOCK];
+        for (int g = 0; g < QN; g++)
             acc[g] = (vf){0};
         for (int64_t c = 0; c < hd; c += VW) {
             const vf key = load_vec(k + at[i] + c * elem, bf16);
-            for (int g = 0; g < G; g++) {
+            for (int g = 0; g < QN; g++) {
                 vf qc;
                 memcpy(&qc, q + g * hd + c, sizeof qc);
-                acc[g] += qc * key;
+                acc[g] = fmadd(qc, key, acc[g]);
             }
         }
-        for (int g = 0; g < G; g++)
-            s[g][i] = hsum(acc[g]);
-    }
-    for (int g = 0; g < G; g++) { /* softmax's numerators */
-        float high = s[g][0];
-        for (int64_t i = 1; i < n; i++)
-            high = s[g][i] > high ? s[g][i] : high;
-        for (int64_t i = n; i < padded; i++)
-            s[g][i] = high - 1000.0f; /* weighs ~1e-38 */
-        vf sum = {0};
-        for (int64_t i = 0; i < padded; i += VW) {
-            vf e;
-            memcpy(&e, &s[g][i], sizeof e);
-            e = vexp(e - high);
-            memcpy(&s[g][i], &e, sizeof e);
-            sum += e;
-        }
-        m[g] = high;
-        l[g] = hsum(sum);
-    }
-    for (int64_t c = 0; c < hd; c += VW) { /* values */
-        vf acc[MAX_GROUP];
-        for (int g = 0; g < G; g++)
-            acc[g] = (vf){0};
-        for (int64_t i = 0; i < n; i++) {
-            const vf value = load_vec(v + at[i] + c * elem, bf16);
-            for (int g = 0; g < G; g++)
-                acc[g] += s[g][i] * value;
-        }
-        for (int g = 0; g < G; g++)
-            memcpy(o + g * hd + c, &acc[g], sizeof acc[g]);
+        for (int g = 0; g < QN; g++)
+            s[g * CHUNK + i] = hsum(acc[g]);
     }
 }
 
-#define RUN(G)                                                                                 \
-    case G:                                                                                    \
-        attend_run(q, k, v, bf16, table, block_size, slot_bytes, head, hd, j0, j1, G, m, l, o); \
+#define SCORES(QN)                                                                           \
+    case QN:                                                                                 \
+        score_block(q, k, v, bf16, at, n, hd, prefetch, bytes, QN, s);                       \
         break;
 
-static void attend_run_any(const float *q, const char *k, const char *v, int bf16,
-                           const int64_t *table, int64_t block_size, int64_t slot_bytes,
-                           int64_t head, int64_t hd, int64_t j0, int64_t j1, int G, float *m,
-                           float *l, float *o) {
-    switch (G) {
-        RUN(1) RUN(2) RUN(3) RUN(4) RUN(5) RUN(6) RUN(7) RUN(8)
+static void score_any(const float *q, const char *k, const char *v, int bf16, const int64_t *at,
+                      int64_t n, int64_t hd, int prefetch, int64_t bytes, int QN, float *s) {
+    switch (QN) {
+        SCORES(1) SCORES(2) SCORES(3) SCORES(4) SCORES(5) SCORES(6) SCORES(7) SCORES(8)
     }
+}
+
+/* The exps of a query's n scores (a row of s), padded to whole vectors, relative to their
+   highest -> *m that highest, *l their sum. */
+static void softmax_numerators(float *s, int64_t n, float *m, float *l) {
+    const int64_t padded = (n + VW - 1) / VW * VW;
+    float high = s[0];
+    for (int64_t i = 1; i < n; i++)
+        high = s[i] > high ? s[i] : high;
+    for (int64_t i = n; i < padded; i++)
+        s[i] = high - 1000.0f; /* weighs ~1e-38 */
+    vf sum = {0};
+    for (int64_t i = 0; i < padded; i += VW) {
+        vf e;
+        memcpy(&e, &s[i], sizeof e);
+        e = vexp(e - high);
+        memcpy(&s[i], &e, sizeof e);
+        sum += e;
+    }
+    *m = high;
+    *l = hsum(sum);
+}
+
+/* Dims [c0, c0 + NC * VW) of one query's weighted values: o = sum over i < n of w[i] * vals[i]
+   (vals (n, hd) float32). NC a constant where this is inlined: NC sums in registers, each
+   weight broadcast once for them. */
+static inline __attribute__((always_inline)) void weigh_values(const float *w,
+                                                               const float *vals, int64_t n,
+                                                               int64_t hd, int64_t c0,
+                                                               const int NC, float *o) {
+    vf acc[VALUE_CHUNKS];
+    for (int j = 0; j < NC; j++)
+        acc[j] = (vf){0};
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < NC; j++) {
+            vf value;
+            memcpy(&value, vals + i * hd + c0 + j * VW, sizeof value);
+            acc[j] = fmadd(splat(w[i]), value, acc[j]);
+        }
+    for (int j = 0; j < NC; j++)
+        memcpy(o + c0 + j * VW, &acc[j], sizeof acc[j]);
+}
+
+static void weigh_all(const float *w, const float *vals, int64_t n, int64_t hd, float *o) {
+    int64_t c = 0;
+    for (; c + VALUE_CHUNKS * VW <= hd; c += VALUE_CHUNKS * VW)
+        weigh_values(w, vals, n, hd, c, VALUE_CHUNKS, o);
+    if (c + 4 * VW <= hd)
+        weigh_values(w, vals, n, hd, c, 4, o), c += 4 * VW;
+    if (c + 2 * VW <= hd)
+        weigh_values(w, vals, n, hd, c, 2, o), c += 2 * VW;
+    if (c + VW <= hd)
+        weigh_values(w, vals, n, hd, c, 1, o);
 }
 
 /* The first key row b sees, and one past its last. */
@@ -183,15 +233,93 @@ static inline void key_range(const int64_t *ctx, int64_t b, int64_t window, int6
     *lo = window > 0 && ctx[b] > window ? ctx[b] - window : 0;
 }
 
+/* What one call attends, for its work items. */
+typedef struct {
+    const float *q;
+    const char *k, *v;
+    int bf16, G;
+    const int64_t *tables, *ctx, *first; /* first: each row's first run (below) */
+    int64_t width, H, Hkv, hd, block_size, window, slot_bytes, per_run;
+    float scale, *partial;
+} Attention;
+
+/* Rows b and b + 1 read the same keys, from the same first: a sequence's newest token and its
+   guesses, which a step lays side by side. */
+static int same_keys(const Attention *a, int64_t b) {
+    int64_t lo0, hi0, lo1, hi1;
+    key_range(a->ctx, b, a->window, &lo0, &hi0);
+    key_range(a->ctx, b + 1, a->window, &lo1, &hi1);
+    return lo0 == lo1 && memcmp(a->tables + b * a->width, a->tables + (b + 1) * a->width,
+                                (size_t)a->width * sizeof *a->tables) == 0;
+}
+
+/* A thread's scratch, kept between calls (grown where a call needs more). */
+static float *scratch(int64_t floats) {
+    static __thread float *buffer;
+    static __thread int64_t size;
+    if (floats > size) {
+        free(buffer);
+        buffer = malloc((size_t)floats * sizeof *buffer);
+        size = floats;
+    }
+    return buffer;
+}
+
+/* One work item: K/V head h, run r of the keys of rows [b0, b1), which share them. Each row
+   that sees keys of the run attends them to its own last; its results go to its partials.
+   `ahead`: bytes of each later key's K and V to prefetch, from the item's head on. */
+static void attend_item(const Attention *a, int64_t b0, int64_t b1, int64_t r, int64_t h,
+                        int64_t ahead) {
+    const int64_t hd = a->hd, G = a->G, elem = a->bf16 ? 2 : 4, bs = a->block_size;
+    int64_t lo, hi;
+    key_range(a->ctx, b0, a->window, &lo, &hi);
+    const int64_t start = (lo / CHUNK + r) * CHUNK, j0 = start > lo ? start : lo;
+    int64_t rows[MAX_ROWS], n[MAX_ROWS], count = 0, most = 0;
+    for (int64_t b = b0; b < b1; b++) {
+        key_range(a->ctx, b, a->window, &lo, &hi);
+        if (hi > j0) {
+            rows[count] = b;
+            n[count] = (start + CHUNK < hi ? start + CHUNK : hi) - j0;
+            most = n[count] > most ? n[count] : most;
+            count++;
+        }
+    }
+    int64_t at[CHUNK]; /* byte offset of each key's head in the pool */
+    const int64_t *table = a->tables + b0 * a->width;
+    for (int64_t j = j0; j < j0 + most; j++)
+        at[j - j0] = (table[j / bs] * bs + j % bs) * a->slot_bytes + h * hd * elem;
+
+    const int64_t Q = count * G; /* the rows' query heads of K/V head h, row by row */
+    float *qs = scratch(Q * hd + Q * CHUNK + CHUNK * hd), *s = qs + Q * hd, *vals = s + Q * CHUNK;
+    for (int64_t c = 0; c < count; c++)
+        for (int64_t i = 0; i < G * hd; i++)
+            qs[c * G * hd + i] = a->q[(rows[c] * a->H + h * G) * hd + i] * a->scale;
+    for (int64_t q0 = 0; q0 < Q; q0 += QUERY_BLOCK)
+        score_any(qs + q0 * hd, a->k, a->v, a->bf16, at, most, hd, q0 == 0 && ahead, ahead,
+                  (int)(Q - q0 < QUERY_BLOCK ? Q - q0 : QUERY_BLOCK), s + q0 * CHUNK);
+    for (int64_t i = 0; i < most; i++) /* the values as floats, once for every query */
+        for (int64_t c = 0; c < hd; c += VW) {
+            const vf value = load_vec(a->v + at[i] + c * elem, a->bf16);
+            memcpy(vals + i * hd + c, &value, sizeof value);
+        }
+    for (int64_t c = 0; c < count; c++) {
+        const int64_t b = rows[c], runs = a->first[b + 1] - a->first[b];
+        float *m = a->partial + (a->first[b] * a->Hkv + h * runs + r) * a->per_run;
+        for (int64_t g = 0; g < G; g++) {
+            float *w = s + (c * G + g) * CHUNK;
+            softmax_numerators(w, n[c], m + g, m + G + g);
+            weigh_all(w, vals, n[c], hd, m + 2 * G + g * hd);
+        }
+    }
+}
+
 void paged_decode_attention(const float *q, const void *k, const void *v, int bf16,
                             const int64_t *tables, int64_t width, const int64_t *ctx, int64_t B,
                             int64_t H, int64_t Hkv, int64_t hd, int64_t block_size,
                             int64_t window, float scale, float *out) {
     const int G = (int)(H / Hkv);
-    const int64_t elem = bf16 ? 2 : 4, slot_bytes = Hkv * hd * elem;
-    /* work items: row b's runs of CHUNK keys, from the run holding its first key; runs
-       [first[b], first[b + 1]) are row b's. An item attends its keys for every K/V head, so
-       it reads whole slots, one after another. */
+    const int64_t elem = bf16 ? 2 : 4;
+    /* row b's runs of CHUNK keys, from the run holding its first key: [first[b], first[b + 1]) */
     int64_t *first = malloc((size_t)(B + 1) * sizeof *first);
     first[0] = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -201,40 +329,48 @@ void paged_decode_attention(const float *q, const void *k, const void *v, int bf
     }
     /* per (row, K/V head, run): m (G), l (G), o (G, hd); row b's at first[b] * Hkv */
     const int64_t per_run = (int64_t)G * (hd + 2);
-    float *partial = malloc((size_t)(first[B] * Hkv * per_run) * sizeof *partial);
+    const Attention a = {q,  (const char *)k, (const char *)v, bf16, G, tables, ctx, first,
+                         width, H, Hkv, hd, block_size, window, Hkv * hd * elem, per_run, scale,
+                         malloc((size_t)(first[B] * Hkv * per_run) * sizeof(float))};
+    /* rows that read the same keys, up to MAX_ROWS, go together: rows [group[i], group[i + 1]);
+       work items: each group's runs (its longest row's) times the K/V heads, from item[i] */
+    int64_t *group = malloc((size_t)(B + 1) * sizeof *group), *item = malloc((size_t)(B + 1) * sizeof *item);
+    int64_t groups = 0;
+    group[0] = item[0] = 0;
+    for (int64_t b = 1; b <= B; b++)
+        if (b == B || !same_keys(&a, b - 1) || b - group[groups] == MAX_ROWS) {
+            int64_t runs = 0;
+            for (int64_t i = group[groups]; i < b; i++)
+                runs = first[i + 1] - first[i] > runs ? first[i + 1] - first[i] : runs;
+            item[groups + 1] = item[groups] + runs * (b - group[groups] > 1 ? Hkv : 1);
+            group[++groups] = b;
+        }
 
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-        for (int64_t it = 0; it < first[B]; it++) {
-            int64_t b = 0, above = B; /* the row: first[b] <= it < first[b + 1] */
-            while (above - b > 1) {
-                const int64_t mid = (b + above) / 2;
-                if (first[mid] <= it)
-                    b = mid;
+        for (int64_t it = 0; it < item[groups]; it++) {
+            int64_t i = 0, above = groups; /* the group: item[i] <= it < item[i + 1] */
+            while (above - i > 1) {
+                const int64_t mid = (i + above) / 2;
+                if (item[mid] <= it)
+                    i = mid;
                 else
                     above = mid;
             }
-            int64_t lo, hi;
-            key_range(ctx, b, window, &lo, &hi);
-            const int64_t runs = first[b + 1] - first[b], r = it - first[b];
-            const int64_t j0 = (lo / CHUNK + r) * CHUNK > lo ? (lo / CHUNK + r) * CHUNK : lo;
-            const int64_t j1 = j0 / CHUNK * CHUNK + CHUNK < hi ? j0 / CHUNK * CHUNK + CHUNK : hi;
-            for (int64_t h = 0; h < Hkv; h++) {
-                float qs[MAX_GROUP * MAX_HD];
-                for (int64_t i = 0; i < G * hd; i++)
-                    qs[i] = q[(b * H + h * G) * hd + i] * scale;
-                float *m = partial + ((first[b] * Hkv) + h * runs + r) * per_run;
-                attend_run_any(qs, (const char *)k, (const char *)v, bf16, tables + b * width,
-                               block_size, slot_bytes, h * hd * elem, hd, j0, j1, G, m, m + G,
-                               m + 2 * G);
-            }
+            const int64_t at = it - item[i];
+            if (group[i + 1] - group[i] > 1) /* rows enough to keep an item busy on one head */
+                attend_item(&a, group[i], group[i + 1], at / Hkv, at % Hkv, hd * elem);
+            else /* one row: an item a run, its heads one after another, the first fetching
+                    whole slots (every head's K and V) */
+                for (int64_t h = 0; h < Hkv; h++)
+                    attend_item(&a, group[i], group[i + 1], at, h, h == 0 ? a.slot_bytes : 0);
         }
 
 #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < B * Hkv; bh++) { /* each row's runs merged, per K/V head */
             const int64_t b = bh / Hkv, h = bh % Hkv, runs = first[b + 1] - first[b];
-            const float *part = partial + (first[b] * Hkv + h * runs) * per_run;
+            const float *part = a.partial + (first[b] * Hkv + h * runs) * per_run;
             for (int g = 0; g < G; g++) {
                 float high = -INFINITY, total = 0.0f;
                 for (int64_t r = 0; r < runs; r++)
@@ -253,6 +389,8 @@ void paged_decode_attention(const float *q, const void *k, const void *v, int bf
             }
         }
     }
-    free(partial);
+    free(a.partial);
+    free(group);
+    free(item);
     free(first);
 }
