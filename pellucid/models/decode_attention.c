@@ -11,15 +11,16 @@
    a polynomial exp, then the values weighted.
 
    A sequence's newest token and its guesses read the same keys, up to one more each: those
-   rows go together, each key converted once for all their query heads and each run's values
-   once into floats for them (benchmarks/results/comments.md). Work is split over (rows, run of CHUNK keys, K/V head) among OpenMP's threads
-   (torch's own, see kernels.py); a row alone goes through its run's heads in one item, the
-   first prefetching whole slots (every head's K and V), which come from memory: a layer's
-   cache is far from the last one's in a step. Each (row, head, run) keeps its highest score,
-   its sum of exp(score - highest) and its weighted values, and each row's runs are merged
-   rescaled to the row's highest score (flash-decoding's merge), so one long row keeps both
-   cores busy. A row's results are the same bit for bit alone or beside others: each of its
-   sums runs in the same order, with the same fused products, in any company.
+   rows go together, each key converted once for all their query heads, and the values a span
+   at a time into floats for them (benchmarks/results/comments.md). Work is split over (rows,
+   run of CHUNK keys, K/V head) among OpenMP's threads (torch's own, see kernels.py); a row
+   alone goes through its run's heads in one item, the first prefetching whole slots (every
+   head's K and V), which come from memory: a layer's cache is far from the last one's in a
+   step. Each (row, head, run) keeps its highest score, its sum of exp(score - highest) and its
+   weighted values, and each row's runs are merged rescaled to the row's highest score
+   (flash-decoding's merge), so one long row keeps both cores busy. A row's results are the
+   same bit for bit alone or beside others: each of its sums runs in the same order, with the
+   same fused products, in any company.
 
    q (B, H, hd) float32; k, v (blocks, block_size, Hkv, hd) bf16 or float32; tables (B, width)
    int64 block numbers; ctx (B,) int64: the keys row b sees are positions [0, ctx[b]) of its
@@ -33,15 +34,6 @@
 #include <string.h>
 #if defined(__AVX__)
 #include <immintrin.h>
-#endif
-
-/* No product fused with a sum unless fmadd (below) says so: the compiler's own choice of which
-   to fuse differed between two inlined copies of one loop (for 1 query and for 8), and a row's
-   result then with the rows beside it. */
-#ifdef __clang__
-#pragma clang fp contract(off)
-#else
-#pragma GCC optimize("fp-contract=off")
 #endif
 
 /* Floats a vector: a register's worth. Vectors of 16 on AVX2 (two registers each) GCC moved
@@ -58,6 +50,7 @@
 #define MAX_ROWS 8   /* rows of one sequence an item attends */
 #define QUERY_BLOCK 8  /* queries whose dot products with a key are summed at once */
 #define VALUE_CHUNKS 8 /* vectors of a query's weighted values summed at once */
+#define VALUE_FLOATS 4096 /* values converted to floats at a time: 16 KB */
 
 typedef float vf __attribute__((vector_size(4 * VW)));
 typedef uint32_t vu __attribute__((vector_size(4 * VW)));
@@ -76,7 +69,10 @@ static inline vf load_vec(const char *p, int bf16) {
     return v;
 }
 
-/* a * b + c, rounded once where the CPU fuses them (twice where it cannot) */
+/* a * b + c, rounded once where the CPU fuses them (twice where it cannot). Spelled out in the
+   sums a row's query heads share with others' (scores, weighted values): left to the compiler,
+   which products it fused differed between two inlined copies of one loop (for 1 query and
+   for 8), and a row's results then with the rows beside it. */
 static inline vf fmadd(vf a, vf b, vf c) {
 #if defined(__AVX512F__)
     return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
@@ -87,11 +83,17 @@ static inline vf fmadd(vf a, vf b, vf c) {
 #endif
 }
 
-static inline vf splat(float x) {
+static inline vf splat(float x) { /* x in every lane (a loop of GCC's was a chain of inserts) */
+#if defined(__AVX512F__)
+    return (vf)_mm512_set1_ps(x);
+#elif defined(__AVX__) && VW == 8
+    return (vf)_mm256_set1_ps(x);
+#else
     vf v;
     for (int i = 0; i < VW; i++)
         v[i] = x;
     return v;
+#endif
 }
 
 static inline float hsum(vf v) {
@@ -194,16 +196,21 @@ static void softmax_numerators(float *s, int64_t n, float *m, float *l) {
     *l = hsum(sum);
 }
 
-/* Dims [c0, c0 + NC * VW) of one query's weighted values: o = sum over i < n of w[i] * vals[i]
-   (vals (n, hd) float32). NC a constant where this is inlined: NC sums in registers, each
-   weight broadcast once for them. */
+/* Dims [c0, c0 + NC * VW) of one query's weighted values: o (+)= sum over i < n of w[i] *
+   vals[i] (vals (n, hd) float32), added to o's sums where `more` (the next keys of a run).
+   NC a constant where this is inlined: NC sums in registers, each weight broadcast once for
+   them. */
 static inline __attribute__((always_inline)) void weigh_values(const float *w,
                                                                const float *vals, int64_t n,
                                                                int64_t hd, int64_t c0,
-                                                               const int NC, float *o) {
+                                                               const int NC, int more,
+                                                               float *o) {
     vf acc[VALUE_CHUNKS];
     for (int j = 0; j < NC; j++)
-        acc[j] = (vf){0};
+        if (more)
+            memcpy(&acc[j], o + c0 + j * VW, sizeof acc[j]);
+        else
+            acc[j] = (vf){0};
     for (int64_t i = 0; i < n; i++)
         for (int j = 0; j < NC; j++) {
             vf value;
@@ -214,16 +221,52 @@ static inline __attribute__((always_inline)) void weigh_values(const float *w,
         memcpy(o + c0 + j * VW, &acc[j], sizeof acc[j]);
 }
 
-static void weigh_all(const float *w, const float *vals, int64_t n, int64_t hd, float *o) {
+static void weigh_all(const float *w, const float *vals, int64_t n, int64_t hd, int more,
+                      float *o) {
     int64_t c = 0;
     for (; c + VALUE_CHUNKS * VW <= hd; c += VALUE_CHUNKS * VW)
-        weigh_values(w, vals, n, hd, c, VALUE_CHUNKS, o);
+        weigh_values(w, vals, n, hd, c, VALUE_CHUNKS, more, o);
     if (c + 4 * VW <= hd)
-        weigh_values(w, vals, n, hd, c, 4, o), c += 4 * VW;
+        weigh_values(w, vals, n, hd, c, 4, more, o), c += 4 * VW;
     if (c + 2 * VW <= hd)
-        weigh_values(w, vals, n, hd, c, 2, o), c += 2 * VW;
+        weigh_values(w, vals, n, hd, c, 2, more, o), c += 2 * VW;
     if (c + VW <= hd)
-        weigh_values(w, vals, n, hd, c, 1, o);
+        weigh_values(w, vals, n, hd, c, 1, more, o);
+}
+
+/* One row's G query heads' weighted values (their weights w: G rows of CHUNK) straight from
+   the cache, each value converted once for the G: o (G, hd) = sum over i < n of w[g][i] *
+   value i. The same sums as weigh_values', in the same order. G a constant where this is
+   inlined, so its sums stay in registers. */
+static inline __attribute__((always_inline)) void weigh_row(const float *w, const char *v,
+                                                            int bf16, const int64_t *at,
+                                                            int64_t n, int64_t hd, const int G,
+                                                            float *o) {
+    const int64_t elem = bf16 ? 2 : 4;
+    for (int64_t c = 0; c < hd; c += VW) {
+        vf acc[MAX_GROUP];
+        for (int g = 0; g < G; g++)
+            acc[g] = (vf){0};
+        for (int64_t i = 0; i < n; i++) {
+            const vf value = load_vec(v + at[i] + c * elem, bf16);
+            for (int g = 0; g < G; g++)
+                acc[g] = fmadd(splat(w[g * CHUNK + i]), value, acc[g]);
+        }
+        for (int g = 0; g < G; g++)
+            memcpy(o + g * hd + c, &acc[g], sizeof acc[g]);
+    }
+}
+
+#define ROW(G)                                                                               \
+    case G:                                                                                  \
+        weigh_row(w, v, bf16, at, n, hd, G, o);                                              \
+        break;
+
+static void weigh_row_any(const float *w, const char *v, int bf16, const int64_t *at, int64_t n,
+                          int64_t hd, int G, float *o) {
+    switch (G) {
+        ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8)
+    }
 }
 
 /* The first key row b sees, and one past its last. */
@@ -265,6 +308,27 @@ static float *scratch(int64_t floats) {
     return buffer;
 }
 
+/* The weighted values of `count` rows (their weights s: count * G rows of CHUNK, row i's
+   first n[i] keys) into their partials m, a span of keys at a time: converted into floats
+   (vals) once for every query head, and a span stays in L1 beside the keys' and values' own
+   lines. */
+static void weigh_rows(const Attention *a, const float *s, const int64_t *at, const int64_t *n,
+                       int64_t count, int64_t most, int64_t span, float *vals, float *const *m) {
+    const int64_t hd = a->hd, G = a->G, elem = a->bf16 ? 2 : 4;
+    for (int64_t i0 = 0; i0 < most; i0 += span) {
+        const int64_t i1 = i0 + span < most ? i0 + span : most;
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t c = 0; c < hd; c += VW) {
+                const vf value = load_vec(a->v + at[i] + c * elem, a->bf16);
+                memcpy(vals + (i - i0) * hd + c, &value, sizeof value);
+            }
+        for (int64_t c = 0; c < count; c++)
+            for (int64_t g = 0; g < G && n[c] > i0; g++)
+                weigh_all(s + (c * G + g) * CHUNK + i0, vals, (n[c] < i1 ? n[c] : i1) - i0, hd,
+                          i0 > 0, m[c] + 2 * G + g * hd);
+    }
+}
+
 /* One work item: K/V head h, run r of the keys of rows [b0, b1), which share them. Each row
    that sees keys of the run attends them to its own last; its results go to its partials.
    `ahead`: bytes of each later key's K and V to prefetch, from the item's head on. */
@@ -290,27 +354,25 @@ static void attend_item(const Attention *a, int64_t b0, int64_t b1, int64_t r, i
         at[j - j0] = (table[j / bs] * bs + j % bs) * a->slot_bytes + h * hd * elem;
 
     const int64_t Q = count * G; /* the rows' query heads of K/V head h, row by row */
-    float *qs = scratch(Q * hd + Q * CHUNK + CHUNK * hd), *s = qs + Q * hd, *vals = s + Q * CHUNK;
+    const int64_t span = VALUE_FLOATS / hd > 1 ? VALUE_FLOATS / hd : 1;
+    float *qs = scratch(Q * hd + Q * CHUNK + span * hd), *s = qs + Q * hd, *vals = s + Q * CHUNK;
     for (int64_t c = 0; c < count; c++)
         for (int64_t i = 0; i < G * hd; i++)
             qs[c * G * hd + i] = a->q[(rows[c] * a->H + h * G) * hd + i] * a->scale;
     for (int64_t q0 = 0; q0 < Q; q0 += QUERY_BLOCK)
         score_any(qs + q0 * hd, a->k, a->v, a->bf16, at, most, hd, q0 == 0 && ahead, ahead,
                   (int)(Q - q0 < QUERY_BLOCK ? Q - q0 : QUERY_BLOCK), s + q0 * CHUNK);
-    for (int64_t i = 0; i < most; i++) /* the values as floats, once for every query */
-        for (int64_t c = 0; c < hd; c += VW) {
-            const vf value = load_vec(a->v + at[i] + c * elem, a->bf16);
-            memcpy(vals + i * hd + c, &value, sizeof value);
-        }
+    float *m[MAX_ROWS]; /* each row's partial: m (G), l (G), o (G, hd) */
     for (int64_t c = 0; c < count; c++) {
         const int64_t b = rows[c], runs = a->first[b + 1] - a->first[b];
-        float *m = a->partial + (a->first[b] * a->Hkv + h * runs + r) * a->per_run;
-        for (int64_t g = 0; g < G; g++) {
-            float *w = s + (c * G + g) * CHUNK;
-            softmax_numerators(w, n[c], m + g, m + G + g);
-            weigh_all(w, vals, n[c], hd, m + 2 * G + g * hd);
-        }
+        m[c] = a->partial + (a->first[b] * a->Hkv + h * runs + r) * a->per_run;
+        for (int64_t g = 0; g < G; g++)
+            softmax_numerators(s + (c * G + g) * CHUNK, n[c], m[c] + g, m[c] + G + g);
     }
+    if (count == 1) /* one row: each value converted once for its few heads, as they go */
+        weigh_row_any(s, a->v, a->bf16, at, n[0], hd, (int)G, m[0] + 2 * G);
+    else
+        weigh_rows(a, s, at, n, count, most, span, vals, m);
 }
 
 void paged_decode_attention(const float *q, const void *k, const void *v, int bf16,
