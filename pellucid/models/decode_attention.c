@@ -309,7 +309,7 @@ static float *scratch(int64_t floats) {
 }
 
 /* The weighted values of `count` rows (their weights s: count * G rows of CHUNK, row i's
-   first n[i] keys) into their partials m, a span of keys at a time: converted into floats
+   over its first n[i] keys) into their partials m, a span of keys at a time: converted into floats
    (vals) once for every query head, and a span stays in L1 beside the keys' and values' own
    lines. */
 static void weigh_rows(const Attention *a, const float *s, const int64_t *at, const int64_t *n,
@@ -322,10 +322,10 @@ static void weigh_rows(const Attention *a, const float *s, const int64_t *at, co
                 const vf value = load_vec(a->v + at[i] + c * elem, a->bf16);
                 memcpy(vals + (i - i0) * hd + c, &value, sizeof value);
             }
-        for (int64_t c = 0; c < count; c++)
-            for (int64_t g = 0; g < G && n[c] > i0; g++)
-                weigh_all(s + (c * G + g) * CHUNK + i0, vals, (n[c] < i1 ? n[c] : i1) - i0, hd,
-                          i0 > 0, m[c] + 2 * G + g * hd);
+        for (int64_t row = 0; row < count; row++)
+            for (int64_t g = 0; g < G && n[row] > i0; g++)
+                weigh_all(s + (row * G + g) * CHUNK + i0, vals,
+                          (n[row] < i1 ? n[row] : i1) - i0, hd, i0 > 0, m[row] + 2 * G + g * hd);
     }
 }
 
@@ -338,11 +338,11 @@ static void attend_item(const Attention *a, int64_t b0, int64_t b1, int64_t r, i
     int64_t lo, hi;
     key_range(a->ctx, b0, a->window, &lo, &hi);
     const int64_t start = (lo / CHUNK + r) * CHUNK, j0 = start > lo ? start : lo;
-    int64_t rows[MAX_ROWS], n[MAX_ROWS], count = 0, most = 0;
+    int64_t seeing[MAX_ROWS], n[MAX_ROWS], count = 0, most = 0; /* the rows that see the run */
     for (int64_t b = b0; b < b1; b++) {
         key_range(a->ctx, b, a->window, &lo, &hi);
         if (hi > j0) {
-            rows[count] = b;
+            seeing[count] = b;
             n[count] = (start + CHUNK < hi ? start + CHUNK : hi) - j0;
             most = n[count] > most ? n[count] : most;
             count++;
@@ -356,18 +356,18 @@ static void attend_item(const Attention *a, int64_t b0, int64_t b1, int64_t r, i
     const int64_t Q = count * G; /* the rows' query heads of K/V head h, row by row */
     const int64_t span = VALUE_FLOATS / hd > 1 ? VALUE_FLOATS / hd : 1;
     float *qs = scratch(Q * hd + Q * CHUNK + span * hd), *s = qs + Q * hd, *vals = s + Q * CHUNK;
-    for (int64_t c = 0; c < count; c++)
+    for (int64_t row = 0; row < count; row++)
         for (int64_t i = 0; i < G * hd; i++)
-            qs[c * G * hd + i] = a->q[(rows[c] * a->H + h * G) * hd + i] * a->scale;
+            qs[row * G * hd + i] = a->q[(seeing[row] * a->H + h * G) * hd + i] * a->scale;
     for (int64_t q0 = 0; q0 < Q; q0 += QUERY_BLOCK)
         score_any(qs + q0 * hd, a->k, a->v, a->bf16, at, most, hd, q0 == 0 && ahead, ahead,
                   (int)(Q - q0 < QUERY_BLOCK ? Q - q0 : QUERY_BLOCK), s + q0 * CHUNK);
     float *m[MAX_ROWS]; /* each row's partial: m (G), l (G), o (G, hd) */
-    for (int64_t c = 0; c < count; c++) {
-        const int64_t b = rows[c], runs = a->first[b + 1] - a->first[b];
-        m[c] = a->partial + (a->first[b] * a->Hkv + h * runs + r) * a->per_run;
+    for (int64_t row = 0; row < count; row++) {
+        const int64_t b = seeing[row], runs = a->first[b + 1] - a->first[b];
+        m[row] = a->partial + (a->first[b] * a->Hkv + h * runs + r) * a->per_run;
         for (int64_t g = 0; g < G; g++)
-            softmax_numerators(s + (c * G + g) * CHUNK, n[c], m[c] + g, m[c] + G + g);
+            softmax_numerators(s + (row * G + g) * CHUNK, n[row], m[row] + g, m[row] + G + g);
     }
     if (count == 1) /* one row: each value converted once for its few heads, as they go */
         weigh_row_any(s, a->v, a->bf16, at, n[0], hd, (int)G, m[0] + 2 * G);
