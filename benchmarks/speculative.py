@@ -22,8 +22,8 @@ advises on a CPU, and 10, its default), in a process of its own; its rate is the
 first token to its last. 8 at once: all five tasks plus three again in one `generate` call,
 total reply tokens over wall time, drafts off and on, each twice a repeat (off, on, on, off;
 llama-cpp-python's drafts work on one stream only). Prefix caching is off on both sides, so no
-repeat starts warmer. The modes take turns within each repeat, so a slow minute slows them
-alike. Last line: one JSON object.
+repeat starts warmer. The modes take turns within each repeat (off, auto, always, auto, off),
+so a slow minute slows them alike. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -161,8 +161,11 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
     llm.generate(prompts["free prose"], base)  # warm-up
     for _ in range(args.repeats):
         for task, ids in prompts.items():
-            for mode, speculative in MODES.items():
-                params = replace(base, speculative=speculative)
+            # off and auto twice, in both orders, so that a slow stretch of the machine falls
+            # on both alike (with off always first, free prose read drafts as a loss that
+            # alternating pairs did not: benchmarks/results/comments.md)
+            for mode in ("off", "auto", "always", "auto", "off"):
+                params = replace(base, speculative=MODES[mode])
                 out = llm.generate(ids, params)[0]
                 single[task][mode].append(out.timings.decode_tokens_per_s)
                 replies[task][mode] = out.token_ids
