@@ -120,9 +120,9 @@ def test_a_sequences_guesses_attend_together_as_each_row_would_alone(
     q = torch.randn(rows + 1, n_heads, head_dim)
     scale = head_dim**-0.5
 
-    def kernel(rows: slice) -> torch.Tensor:
+    def kernel(which: slice) -> torch.Tensor:
         return torch.ops.pellucid.paged_decode_attention(
-            q[rows], k_cache, v_cache, tables[rows], ctx_lens[rows], window or 0, scale
+            q[which], k_cache, v_cache, tables[which], ctx_lens[which], window or 0, scale
         )
 
     together = kernel(slice(None))
