@@ -45,7 +45,6 @@
 #endif
 #define CHUNK 128    /* keys a work item attends */
 #define MAX_GROUP 8  /* query heads a K/V head */
-#define MAX_HD 256   /* dims a head */
 #define PREFETCH 16  /* keys ahead */
 #define MAX_ROWS 8   /* rows of one sequence an item attends */
 #define QUERY_BLOCK 8  /* queries whose dot products with a key are summed at once */
@@ -396,7 +395,8 @@ void paged_decode_attention(const float *q, const void *k, const void *v, int bf
                          malloc((size_t)(first[B] * Hkv * per_run) * sizeof(float))};
     /* rows that read the same keys, up to MAX_ROWS, go together: rows [group[i], group[i + 1]);
        work items: each group's runs (its longest row's) times the K/V heads, from item[i] */
-    int64_t *group = malloc((size_t)(B + 1) * sizeof *group), *item = malloc((size_t)(B + 1) * sizeof *item);
+    int64_t *group = malloc((size_t)(B + 1) * sizeof *group);
+    int64_t *item = malloc((size_t)(B + 1) * sizeof *item);
     int64_t groups = 0;
     group[0] = item[0] = 0;
     for (int64_t b = 1; b <= B; b++)
