@@ -101,6 +101,21 @@ def family_tokenizer(name: str) -> Tokenizer:
 def converted(name: str, settings: dict | None, folder: Path) -> tuple[torch.nn.Module, Path]:
     """(transformers' model, the F32 GGUF llama.cpp's converter makes of its folder), the folder
     `folder`/hf with the family's tokenizer. The same arguments give the same bytes."""
+    return converted_many({name: (name, settings)}, folder)[name]
+
+
+def converted_many(
+    cases: dict[str, tuple[str, dict | None]], root: Path
+) -> dict[str, tuple[torch.nn.Module, Path]]:
+    """converted() of each case (key: (family name, settings)) in `root`/key, by one run of the
+    converter."""
+    models = {key: hf_folder(name, settings, root / key) for key, (name, settings) in cases.items()}
+    paths = convert(*[(root / key / "hf", root / key / "model.gguf") for key in cases])
+    return {key: (models[key], path) for key, path in zip(cases, paths, strict=True)}
+
+
+def hf_folder(name: str, settings: dict | None, folder: Path) -> torch.nn.Module:
+    """transformers' model of the family, saved in `folder`/hf with the family's tokenizer."""
     tok = family_tokenizer(name)
     model = hf_model(name, settings, vocab_size=tok.vocab_size)
     model.save_pretrained(folder / "hf")
@@ -112,4 +127,4 @@ def converted(name: str, settings: dict | None, folder: Path) -> tuple[torch.nn.
         config.write_text(
             json.dumps(json.loads(config.read_text()) | {"tokenizer_class": "GPT2Tokenizer"})
         )
-    return model, convert(folder / "hf", folder / "model.gguf")
+    return model

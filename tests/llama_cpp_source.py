@@ -58,17 +58,30 @@ def unpack(cache: Path, folder: Path) -> None:
     partial.rename(folder)
 
 
-def convert(hf_folder: Path, out: Path) -> Path:
-    """An F32 GGUF of a Hugging Face folder, made by llama.cpp's converter with its own gguf-py."""
+# Runs the converter as its command line does, once per (folder, out) pair, in one process: its
+# imports (torch, transformers, its own gguf-py) take seconds, paid once for all the pairs
+CONVERT_MANY = """
+import runpy, sys
+script, pairs = sys.argv[1], sys.argv[2:]
+for folder, out in zip(pairs[::2], pairs[1::2]):
+    sys.argv = [script, folder, "--outfile", out, "--outtype", "f32"]
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def convert(*pairs: tuple[Path, Path]) -> list[Path]:
+    """F32 GGUFs of Hugging Face folders, each (folder, out) made by llama.cpp's converter with
+    its own gguf-py (in a process of its own: pellucid reads GGUFs with the gguf package)."""
     folder = source_dir()
-    command = [sys.executable, str(folder / "convert_hf_to_gguf.py"), str(hf_folder)]
-    command += ["--outfile", str(out), "--outtype", "f32"]
-    env = os.environ | {"PYTHONPATH": str(folder / "gguf-py")}
+    command = [sys.executable, "-c", CONVERT_MANY, str(folder / "convert_hf_to_gguf.py")]
+    command += [str(path) for pair in pairs for path in pair]
+    # its gguf-py, and its folder (for its `conversion` package), as running the script would
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(folder / "gguf-py"), str(folder)])}
     done = subprocess.run(
         command, check=False, capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return out
+    return [out for _, out in pairs]
 
 
 def vocab_files() -> list[Path]:

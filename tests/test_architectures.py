@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from families import FAMILIES, GGUF_SETTINGS, IDS, PROMPTS, converted, hf_logits, hf_model
+from families import FAMILIES, GGUF_SETTINGS, IDS, PROMPTS, converted_many, hf_logits, hf_model
 from helpers import centred_cosine, next_token_nll
 
 from pellucid import LLM, SamplingParams
@@ -159,14 +159,24 @@ def test_a_gguf_tensor_without_a_place_stops_the_load(tmp_path, monkeypatch):
         LLM(path, dtype="float32")
 
 
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory) -> dict[str, tuple[torch.nn.Module, Path]]:
+    """Each family's GGUF (its GGUF_SETTINGS), and Phi-3's with its window ("phi3-window"), as
+    llama.cpp's converter makes them, all in one run of it."""
+    cases = {name: (name, GGUF_SETTINGS[name]) for name in FAMILIES} | {
+        "phi3-window": ("phi3", None)
+    }
+    return converted_many(cases, tmp_path_factory.mktemp("ggufs"))
+
+
 @pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_gguf_from_llama_cpps_converter_matches_llama_cpp_and_transformers(name, tmp_path):
+def test_gguf_from_llama_cpps_converter_matches_llama_cpp_and_transformers(name, ggufs):
     """The GGUF llama.cpp's converter makes of the folder (Llama 3.1's rope_freqs, linear scaling's
     keys, Qwen2's biases, Qwen3's norms, Phi-3's fused matrices, the model's own output.weight)
     loads in pellucid with transformers' logits and llama.cpp's (tests/data/llama_cpp_families.json,
     from the same bytes), and decodes llama.cpp's greedy tokens with the prompts in one batch."""
-    model, path = converted(name, GGUF_SETTINGS[name], tmp_path)
+    model, path = ggufs[name]
     ref = LLAMA_CPP["families"][name]
     assert hashlib.sha256(path.read_bytes()).hexdigest() == ref["gguf_sha256"], (
         "the converter wrote other bytes than llama.cpp's reference was made from "
@@ -187,20 +197,20 @@ def test_gguf_from_llama_cpps_converter_matches_llama_cpp_and_transformers(name,
 
 
 @pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
-def test_phi3_gguf_keeps_its_window(tmp_path):
+def test_phi3_gguf_keeps_its_window(ggufs):
     """llama.cpp's converter writes Phi-3's window (phi3.attention.sliding_window) and llama.cpp
     leaves it out; pellucid keeps it, so the GGUF computes what transformers and the folder do."""
-    model, path = converted("phi3", None, tmp_path)
+    model, path = ggufs["phi3-window"]
     ours, expected = LLM(path, dtype="float32").logits(IDS), hf_logits(model, IDS)
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()
 
 
 @pytest.mark.slow  # downloads llama.cpp's source (the package index), reads SmolLM2's vocabulary
-def test_phi3_longrope_gguf_keeps_both_sets_of_factors(tmp_path):
+def test_phi3_longrope_gguf_keeps_both_sets_of_factors(ggufs):
     """llama.cpp's converter writes LongRoPE's two sets as tensors (rope_factors_short and
     _long) and its factor on cos and sin as a key: read back, a context within the original one
     rotates by the short set, as transformers does (the long set: the converter test above)."""
-    model, path = converted("phi3-longrope", GGUF_SETTINGS["phi3-longrope"], tmp_path)
+    model, path = ggufs["phi3-longrope"]
     ids = IDS[:32]
     ours, expected = LLM(path, dtype="float32", max_model_len=32).logits(ids), hf_logits(model, ids)
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0), (ours - expected).abs().max()

@@ -44,12 +44,13 @@ def test_mean_nll_matches_hf(any_llm, reference):
 
 def test_greedy_matches_hf_until_a_near_tie(any_llm, reference):
     """48 greedy tokens with the KV cache equal HF's, up to the first step whose top-2 logit gap
-    is within numerical noise (after which both are right)."""
-    for prompt in reference["prompts"]:
+    is within numerical noise (after which both are right). The prompts decode as one batch (a
+    row's float32 sums may then round otherwise than alone, far below that noise)."""
+    prompts = reference["prompts"]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    outs = any_llm.generate([p["token_ids"] for p in prompts], params)
+    for prompt, out in zip(prompts, outs, strict=True):
         greedy = prompt["greedy"]
-        out = any_llm.generate(
-            prompt["token_ids"], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-        )[0]
         n = next((i for i, gap in enumerate(greedy["hf_top1_minus_top2"]) if gap < 1e-4), 48)
         assert out.token_ids[:n] == greedy["hf"][:n], prompt["name"]
 

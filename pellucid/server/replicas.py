@@ -21,6 +21,7 @@ answer was sent is retried on another; a stream cut after that ends with an erro
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -217,7 +218,13 @@ if ray is not None:
             pieces = pending_request.kwargs.get("affinity", []) if pending_request else []
             lengths = self.replica_queue_len_cache
             load = {i: lengths.get(i) or 0 for i in by_id}
-            return [[by_id[i] for i in rank] for rank in self.table.rank(pieces, by_id, load)]
+            ranks = [[by_id[i] for i in rank] for rank in self.table.rank(pieces, by_id, load)]
+            # Ray takes the least loaded of a rank, the first listed among equals: shuffled, as
+            # its own router samples, so that requests arriving one at a time at idle replicas
+            # (equal loads) do not all go to the first (a CI run sent all 32 of a burst there)
+            for rank in ranks:
+                random.shuffle(rank)
+            return ranks
 
         def on_request_routed(
             self, pending_request: PendingRequest, replica_id: Any, result: Any
