@@ -1,6 +1,6 @@
 """What a decode step costs by its rows and their context: the measurements behind the drafter's
-cost model (engine/drafter.py: ROW_COST, WIDE_ROW_COST, ATTEND_COST), and a least-squares fit
-of that model to them, to compare with the constants in the code.
+cost model (engine/drafter.py: ROW_COST, WIDE_ROW_COST, ATTEND_COST, GUESS_ATTEND), and a
+least-squares fit of that model to them, to compare with the constants in the code.
 
     .venv/bin/python benchmarks/step_cost.py [--model smollm2-135m] [--repeats 15]
 
@@ -10,7 +10,8 @@ context, the keys and values filled with random numbers first (an untouched pool
 pages, which every read would find in cache). The kinds take turns within each repeat. Times
 are the step's forward pass (LM head included), in ms; the model is fitted to the medians:
     t(rows, context) = t0 * (1 + ROW_COST * (min(rows, 4) - 1) + WIDE_ROW_COST * max(rows - 4, 0)
-                             + ATTEND_COST * context * rows)
+                             + ATTEND_COST * context * (1 + GUESS_ATTEND * (rows - 1)))
+(the first row is the sequence's, the others its guesses)
 Last line: one JSON object.
 """
 
@@ -57,17 +58,19 @@ def fit(medians: dict[tuple[int, int], float]) -> dict[str, float]:
     """The drafter's cost model fitted to the medians (least squares): t0 in ms and the
     constants in units of it."""
     keys = list(medians)
+    few = drafter.FEW_ROWS
     a = torch.tensor(
-        [[1, min(r, drafter.FEW_ROWS) - 1, max(r - drafter.FEW_ROWS, 0), c * r] for r, c in keys],
+        [[1, min(r, few) - 1, max(r - few, 0), c, c * (r - 1)] for r, c in keys],
         dtype=torch.float64,
     )
     b = torch.tensor([medians[k] for k in keys], dtype=torch.float64)[:, None]
-    t0, row, wide, attend = torch.linalg.lstsq(a, b).solution[:, 0].tolist()
+    t0, row, wide, attend, guess = torch.linalg.lstsq(a, b).solution[:, 0].tolist()
     return {
         "t0_ms": t0,
         "ROW_COST": row / t0,
         "WIDE_ROW_COST": wide / t0,
         "ATTEND_COST": attend / t0,
+        "GUESS_ATTEND": guess / attend,
     }
 
 
@@ -95,7 +98,8 @@ def main() -> None:
     for c in CONTEXTS:
         print(f"{c:>7} " + "".join(f"{medians[r, c]:>9.2f}" for r in ROWS))
     fitted = fit(medians)
-    code = {n: getattr(drafter, n) for n in ("ROW_COST", "WIDE_ROW_COST", "ATTEND_COST")}
+    names = ("ROW_COST", "WIDE_ROW_COST", "ATTEND_COST", "GUESS_ATTEND")
+    code = {n: getattr(drafter, n) for n in names}
     print("fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in fitted.items()))
     print("in the code: " + ", ".join(f"{k} {v:.4g}" for k, v in code.items()))
     result = {

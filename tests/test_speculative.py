@@ -11,6 +11,7 @@ import torch
 
 from pellucid import LLM, SamplingParams
 from pellucid.config import EngineConfig
+from pellucid.engine import drafter
 from pellucid.engine.drafter import MAX_DRAFT, NgramDrafter, best_draft_len, longest_match
 from pellucid.engine.sampling_params import TraceOptions
 from pellucid.engine.scheduler import DRAFT_ROWS
@@ -95,14 +96,19 @@ def test_draft_length_follows_how_often_guesses_are_taken():
     assert d.chance > low
 
 
-def test_a_draft_in_a_wide_step_or_a_long_context_needs_better_odds():
-    """In a batch of 6 rows, a draft slows 5 other sequences too; at 8k tokens of context,
-    each guess's row reads as many keys as the step's own."""
+def test_a_draft_in_a_wide_step_or_a_long_context_needs_better_odds(monkeypatch):
+    """In a batch of 6 rows, a draft slows 5 other sequences too. At 8k tokens of context, a
+    guess's row reads as many keys as its sequence's, converted once for both (GUESS_ATTEND of
+    a row's reading): drafts are shorter, and guesses at poor odds stop."""
     assert best_draft_len(0.6, 4, rows=6) < best_draft_len(0.6, 4, rows=1)
     assert best_draft_len(0.3, 4, rows=6) == 0
-    assert best_draft_len(0.7, MAX_DRAFT, context=100) >= 2
-    assert best_draft_len(0.7, MAX_DRAFT, context=8000) == 0
+    assert best_draft_len(0.3, MAX_DRAFT, context=100) == 1
+    assert best_draft_len(0.3, MAX_DRAFT, context=8000) == 0
+    short, long = (best_draft_len(0.7, MAX_DRAFT, context=c) for c in (100, 8000))
+    assert 0 < long < short
     assert best_draft_len(0.99, MAX_DRAFT, context=8000) > 0
+    monkeypatch.setattr(drafter, "GUESS_ATTEND", 1.0)  # were each guess to read on its own
+    assert best_draft_len(0.7, MAX_DRAFT, context=8000) == 0
 
 
 def test_unforced_drafter_stops_guessing_when_guesses_miss_and_looks_again_later():

@@ -42,17 +42,20 @@ MAX_DRAFT = 7
 CURSOR_WINDOW = 8
 # What a decode step costs, in one-row steps at no context: each row beyond the first adds
 # ROW_COST to the matrix products (and the LM head), up to FEW_ROWS rows, and WIDE_ROW_COST
-# past them; and every row reads its whole context's keys and values, ATTEND_COST a token
-# (fitted to SmolLM2 int4's steps of 1-8 rows at 64-2,048 tokens on an AVX-512 VNNI CPU,
-# `benchmarks/step_cost.py`: benchmarks/results/comments.md). So a guess costs little in a
-# step of one or two rows at a short context, and much of a step of its own in a wide batch:
-# drafts pay there only when almost every guess is taken. Fixed rather than measured as the
-# engine runs: the same request then drafts the same way every time, whatever a noisy
+# past them; and every sequence's row reads its whole context's keys and values, ATTEND_COST
+# a token (fitted to SmolLM2 int4's steps of 1-8 rows at 64-2,048 tokens on an AVX-512 VNNI
+# CPU, `benchmarks/step_cost.py`: benchmarks/results/comments.md). A guess's row reads the
+# same keys as its sequence's, which the attention kernel converts once for all of them
+# (models/decode_attention.c): GUESS_ATTEND of a row's reading (fitted on an AVX2 CPU). So a
+# guess costs little in a step of one or two rows, and much of a step of its own in a wide
+# batch: drafts pay there only when almost every guess is taken. Fixed rather than measured
+# as the engine runs: the same request then drafts the same way every time, whatever a noisy
 # neighbour does to one step.
 ROW_COST = 0.1
 FEW_ROWS = 4
 WIDE_ROW_COST = 0.25
 ATTEND_COST = 0.0003
+GUESS_ATTEND = 0.4
 # A draft must promise this much more than a plain step, or it is not made: the cost model's
 # errors and a step's noise should not turn a draft at a middling chance into a loss (free
 # prose, with guesses taken 28% of the time, drafted at 1.05 and ran at 0.96x).
@@ -66,10 +69,13 @@ RETRY_AFTER = 16
 RETRY_CHANCE = 0.8
 
 
-def step_cost(rows: int, context: int) -> float:
-    """A decode step of `rows` rows of about `context` tokens each, in one-row steps at none."""
-    few, wide = min(rows, FEW_ROWS) - 1, max(rows - FEW_ROWS, 0)
-    return 1 + ROW_COST * few + WIDE_ROW_COST * wide + ATTEND_COST * context * rows
+def step_cost(rows: int, context: int, guesses: int = 0) -> float:
+    """A decode step of `rows` sequences' rows of about `context` tokens each, and `guesses`
+    rows more of one of them, in one-row steps at no context."""
+    n = rows + guesses
+    few, wide = min(n, FEW_ROWS) - 1, max(n - FEW_ROWS, 0)
+    attend = ATTEND_COST * context * (rows + GUESS_ATTEND * guesses)
+    return 1 + ROW_COST * few + WIDE_ROW_COST * wide + attend
 
 
 def best_draft_len(chance: float, most: int, rows: int = 1, context: int = 0) -> int:
@@ -83,7 +89,7 @@ def best_draft_len(chance: float, most: int, rows: int = 1, context: int = 0) ->
     plain = step_cost(rows, context)
     for k in range(1, most + 1):
         expected += chance**k
-        gain = (rows - 1 + expected) / rows * plain / step_cost(rows + k, context)
+        gain = (rows - 1 + expected) / rows * plain / step_cost(rows, context, k)
         if gain > best_gain:
             best, best_gain = k, gain
     return best
