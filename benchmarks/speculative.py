@@ -8,7 +8,8 @@ llama.cpp plain and with its prompt-lookup drafts, in the same run.
 Tasks (chat requests, greedy, up to --max-tokens, each ends where the model ends it): a
 paragraph of the GPL's preamble rewritten with one word changed, a JSON order re-emitted with
 one field changed, an agent turn that quotes a tool's result, a code edit (a function of this
-repository with a variable renamed), and free prose. pellucid runs the default fast path
+repository with a variable renamed), free prose, and a long file edit (a whole module, ~2,000
+tokens, with a variable renamed: guesses at a long context). pellucid runs the default fast path
 (int4, the decode steps compiled ahead) in three ways: drafts off, drafts where the engine finds
 they pay (the default), and a draft wherever one is found (`speculative=True`). Decode tok/s is
 the reply's tokens after the first over the decode steps' time, as `Timings` counts it.
@@ -19,7 +20,7 @@ and on the eager int4 path.
 llama.cpp (llama-cpp-python, same GGUF, same prompt token ids, same threads) decodes each task
 plainly and with `LlamaPromptLookupDecoding` (num_pred_tokens 2, what its documentation
 advises on a CPU, and 10, its default), in a process of its own; its rate is the time from its
-first token to its last. 8 at once: all five tasks plus three again in one `generate` call,
+first token to its last. 8 at once: the five short tasks plus three again in one `generate` call,
 total reply tokens over wall time, drafts off and on, each twice a repeat (off, on, on, off;
 llama-cpp-python's drafts work on one stream only). Prefix caching is off on both sides, so no
 repeat starts warmer. The modes take turns within each repeat (off, auto, always, auto, off),
@@ -88,6 +89,12 @@ def code_snippet() -> str:
     return source[start : source.index("\n\n\n", start)]
 
 
+def long_file() -> str:
+    """A whole module of this repository (~2,000 tokens): a copy at a long context, where each
+    guess's row reads as many keys as its sequence's."""
+    return (ROOT / "pellucid" / "engine" / "block_manager.py").read_text()
+
+
 def tasks() -> dict[str, list[dict]]:
     user = lambda text: [{"role": "user", "content": text}]
     return {
@@ -121,7 +128,15 @@ def tasks() -> dict[str, list[dict]]:
             f"whole function:\n\n```python\n{code_snippet()}\n```"
         ),
         "free prose": user("Write a short story about a lighthouse keeper who finds a letter."),
+        "long file edit": user(
+            "Rename the variable `block` to `blk` everywhere in this file and print the whole "
+            f"file:\n\n```python\n{long_file()}\n```"
+        ),
     }
+
+
+# the tasks 8 at once are made of: the short ones, and the first three again
+SHORT = ["paragraph edit", "json edit", "quote tool result", "code edit", "free prose"]
 
 
 def main() -> None:
@@ -157,7 +172,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict:
     batch: dict[str, list[float]] = {m: [] for m in ("off", "auto")}
     batch_replies: dict[str, list[list[int]]] = {}
     batch_drafts = 0  # guesses made in the 8-at-once runs (none: the same steps as off)
-    eight = [prompts[name] for name in [*prompts, *list(prompts)[:3]]]
+    eight = [prompts[name] for name in [*SHORT, *SHORT[:3]]]
     llm.generate(prompts["free prose"], base)  # warm-up
     for _ in range(args.repeats):
         for task, ids in prompts.items():

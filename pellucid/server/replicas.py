@@ -221,7 +221,7 @@ if ray is not None:
             ranks = [[by_id[i] for i in rank] for rank in self.table.rank(pieces, by_id, load)]
             # Ray takes the least loaded of a rank, the first listed among equals: shuffled, as
             # its own router samples, so that requests arriving one at a time at idle replicas
-            # (equal loads) do not all go to the first (a CI run sent all 32 of a burst there)
+            # (equal loads, each answered before the next comes) do not all go to the first
             for rank in ranks:
                 random.shuffle(rank)
             return ranks
