@@ -213,7 +213,8 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     reported and the step runs eagerly. One random layer with SmolLM2's shapes, and the few-row
     kind only (compiling takes about half a minute per kind, on one core under `make test`): the
     many-row kind is the same build at other dims, and its package for the real SmolLM2 (built
-    by `make setup`) is checked by the two tests after the next."""
+    by `make setup`) is checked below (test_the_many_row_package_reads_the_models_dense_copies)
+    and in test_quant's 12-row replies."""
     from pellucid.engine import aot_decode
     from pellucid.models import build_model
 
