@@ -39,7 +39,7 @@ class Served:
     url: str
     log: Path
 
-    def anon_rss_mib(self) -> float:
+    def owned_rss_mib(self) -> float:
         """Resident memory the process owns: its anonymous pages, and the shared anonymous
         mapping that holds the KV pool (kv_cache.py; Linux counts it as RssShmem, not RssAnon, so
         a reading of RssAnon alone missed the very growth this test is for). VmRSS also counts
@@ -110,9 +110,9 @@ def test_resident_memory_levels_off_over_dozens_of_requests(served: Served) -> N
     client = openai.OpenAI(base_url=served.url + "/v1", api_key="-", max_retries=0, timeout=120)
     with ThreadPoolExecutor(4) as pool:  # four clients at a time, as a small load
         list(pool.map(lambda i: one_request(client, i), range(WARMUP)))
-        first = served.anon_rss_mib()
+        first = served.owned_rss_mib()
         list(pool.map(lambda i: one_request(client, i), range(WARMUP, WARMUP + MEASURED)))
-    last = served.anon_rss_mib()
+    last = served.owned_rss_mib()
     per_request = (last - first) / MEASURED
     # Each request leaves ~0.6 MiB of new KV blocks (4 MiB of them fill the prefix cache after ~7
     # requests); with the cache unbounded (--prefix-cache-mib 1024) this reads ~0.6 MiB per

@@ -321,10 +321,14 @@ static void weigh_rows(const Attention *a, const float *s, const int64_t *at, co
                 const vf value = load_vec(a->v + at[i] + c * elem, a->bf16);
                 memcpy(vals + (i - i0) * hd + c, &value, sizeof value);
             }
-        for (int64_t row = 0; row < count; row++)
-            for (int64_t g = 0; g < G && n[row] > i0; g++)
-                weigh_all(s + (row * G + g) * CHUNK + i0, vals,
-                          (n[row] < i1 ? n[row] : i1) - i0, hd, i0 > 0, m[row] + 2 * G + g * hd);
+        for (int64_t row = 0; row < count; row++) {
+            if (n[row] <= i0) /* the row's keys end before the span */
+                continue;
+            const int64_t end = n[row] < i1 ? n[row] : i1;
+            for (int64_t g = 0; g < G; g++)
+                weigh_all(s + (row * G + g) * CHUNK + i0, vals, end - i0, hd, i0 > 0,
+                          m[row] + 2 * G + g * hd);
+        }
     }
 }
 
