@@ -5,6 +5,7 @@ llama.cpp's logits of those GGUFs."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -94,8 +95,13 @@ QWEN_VOCAB = "ggml-vocab-qwen2.gguf"
 
 def family_tokenizer(name: str) -> Tokenizer:
     if name.startswith("qwen"):
-        return Tokenizer.from_gguf(source_dir() / "models" / QWEN_VOCAB)
-    return Tokenizer.from_gguf(catalog.resolve("smollm2-135m"))
+        return gguf_tokenizer(source_dir() / "models" / QWEN_VOCAB)
+    return gguf_tokenizer(catalog.resolve("smollm2-135m"))
+
+
+@functools.cache  # two vocabularies for nine folders: each parsed from its GGUF once
+def gguf_tokenizer(path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(path)
 
 
 def converted(name: str, settings: dict | None, folder: Path) -> tuple[torch.nn.Module, Path]:

@@ -1,5 +1,5 @@
 """Helpers several test files share (fixtures are in conftest.py): a tiny training corpus and
-config, a uvicorn server on a free loopback port, and two ways to compare logit tables."""
+config, a uvicorn server on a free loopback port, and ways to compare logit tables."""
 
 from __future__ import annotations
 
@@ -134,6 +134,28 @@ def centred_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     shift of a row changes no probability)."""
     a, b = (x - x.mean(-1, keepdim=True) for x in (a, b))
     return F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+# The perplexity reference's first 1,025 ids (tests/data/REFERENCE.md, section 5): its first two
+# chunks of 512 targets, so that Gemma's 512-token sliding window is passed and half its tokens
+# are scored beyond it
+REFERENCE_SPAN = 1025
+
+
+def token_nlls(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """(len(ids) - 1,) float64: -log p of each of ids[1:] under the (len(ids), vocab) logits of
+    ids, as logsumexp(row) - row[target]. torch's logsumexp subtracts the row's max first, so
+    float32 keeps far more precision than the tests ask, without copying Gemma's 262k-wide rows
+    to float64 for a log_softmax."""
+    logits = logits[:-1].float()
+    picked = logits.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return logits.logsumexp(-1).double() - picked.double()
+
+
+def transformers_token_nlls(perplexity: dict, n_ids: int) -> torch.Tensor:
+    """transformers' float32 NLLs of the reference's first n_ids - 1 targets (its `perplexity`
+    section: one forward over the ids, on the same dequantized GGUF weights)."""
+    return torch.tensor(perplexity["hf_token_nll"][: n_ids - 1], dtype=torch.float64)
 
 
 def next_token_nll(logits: torch.Tensor, ids: list[int]) -> float:
