@@ -67,10 +67,11 @@ $(CLUSTER): $(STAMP)
 	$(PIP) -e '.[cluster]'
 	touch $@
 
-# Two workers, each taking whole test files (a file's tests keep their order and fixtures); the
-# slowest tests are listed at the end, to keep the two workers' shares even
+# Two workers, each taking whole test files (a file's tests keep their order and fixtures), the
+# longest files first (tests/conftest.py LONG_FILES); the slowest tests are listed at the end,
+# to keep that list true
 test: setup browser cluster
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
 test-fast: setup cluster

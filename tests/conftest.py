@@ -36,12 +36,24 @@ REAL_MODELS = {
     *("smollm2", "smollm2_short", "smollm2_path", "gemma3", "model_name", "any_llm"),
     *("smollm2_tok", "gemma3_tok", "hf_folder_copies", "model"),  # test_tokenizer's
 }
+# The files that take longest under `make test` (half a minute to two minutes each on 2 cores),
+# longest first: they start first (the Makefile turns off xdist's own order, by count of
+# tests), so that the two workers end a short file apart instead of one idling while the other
+# runs a long one
+LONG_FILES = (
+    *("test_replicas.py", "test_engine.py", "test_speculative.py", "test_architectures.py"),
+    *("test_models.py", "test_explorer.py", "test_server.py", "test_train_fsdp.py"),
+    *("test_quant.py", "test_server_lifecycle.py", "test_speedrun.py", "test_server_tools.py"),
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_MODELS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    first = {name: rank for rank, name in enumerate(LONG_FILES)}
+    # a stable sort: the other files, and the tests within each file, keep their order
+    items.sort(key=lambda item: first.get(item.path.name, len(LONG_FILES)))
 
 
 # A Llama of 2 layers with grouped K/V heads, random weights, byte-level tokens: every path of

@@ -345,11 +345,12 @@ def _nlls(llm: LLM, ids: list[int], packed: bool = False) -> torch.Tensor:
 def _assert_near_float32(nlls: torch.Tensor, reference: torch.Tensor, label: object) -> None:
     """Quality against transformers' float32 NLLs of the same tokens on the same weights (which
     pellucid's float32 path matches within 1e-3 a token: test_models): the mean within 1%, and
-    most tokens within 0.25 nats (SmolLM2 94%, Gemma 91% on the reference text), so that the
-    agreement is token by token, not errors that cancel in the mean."""
+    nine tokens in ten within 0.5 nats, so that the agreement holds token by token, not only as
+    errors that cancel in the mean. On the reference text, int4 on AVX2: SmolLM2 99%, Gemma 97%;
+    Gemma's int4 head without its recheck (quant.RECHECK = 0): 86%, and its mean +1.8%."""
     assert abs(nlls.mean() - reference.mean()) / reference.mean() < 0.01, (label, nlls.mean())
-    close = ((nlls - reference).abs() < 0.25).double().mean().item()
-    assert close > 0.85, (label, close)
+    close = ((nlls - reference).abs() < 0.5).double().mean().item()
+    assert close > 0.9, (label, close)
 
 
 def _pass_kinds(llm: LLM, rows: int) -> tuple[bool, ...]:
