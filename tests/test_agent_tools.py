@@ -177,6 +177,26 @@ def test_calculator_refuses_with_a_clear_error(expression: str, message: str) ->
         calculator({"expression": expression})
 
 
+def test_calculator_counts_nesting_itself_whatever_the_recursion_limit() -> None:
+    """torch's compiler raises Python's recursion limit (to 2,000 when it compiles), so that a
+    RecursionError alone would let a server that had compiled walk 1,500 nested signs (a `make
+    test` run did). 200 levels are taken, 201 are refused, at any limit."""
+    assert calculator({"expression": "1" + "+1" * 200}) == "1" + "+1" * 200 + " = 201"
+    limit = sys.getrecursionlimit()
+    try:
+        for raised in (limit, 20_000):
+            sys.setrecursionlimit(raised)
+            for deep in (
+                "-" * 201 + "1",
+                "1" + "+1" * 201,
+                "abs(" * 100 + "-" * 101 + "1" + ")" * 100,
+            ):
+                with pytest.raises(ToolError, match="nested too deeply"):
+                    calculator({"expression": deep})
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 # --- search ---
 
 

@@ -16,6 +16,11 @@ from .tool import ToolError, tool
 _MAX_EXPONENT = 1000
 _MAX_BITS = 10_000  # ~3000 decimal digits: far below int->str's 4300-digit limit
 _MAX_LENGTH = 2000  # deeper nesting makes ast.parse itself recurse too far
+# Operators and calls within one another, at most: far more than a model writes, and few enough
+# frames that the walk below never meets Python's recursion limit. Counted here rather than
+# left to RecursionError, whose limit depends on who set it last (torch's compiler raises it)
+_MAX_DEPTH = 200
+_TOO_DEEP = "calculator: expression is nested too deeply; split it up"
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
@@ -67,11 +72,15 @@ def evaluate(expression: str) -> int | float:
         raise ToolError(f"calculator: cannot parse {expression!r}: {e.msg}") from None
     try:
         return _eval(tree.body)
-    except RecursionError:  # "1+1+...+1" a thousand times nests a thousand BinOps
-        raise ToolError("calculator: expression is nested too deeply; split it up") from None
+    except RecursionError:  # a caller already deep in its own stack
+        raise ToolError(_TOO_DEEP) from None
 
 
-def _eval(node: ast.AST) -> int | float:
+def _eval(node: ast.AST, depth: int = 0) -> int | float:
+    """The value of `node`, `depth` operators and calls inside the expression ("1+1+...+1" a
+    thousand times nests a thousand BinOps)."""
+    if depth > _MAX_DEPTH:
+        raise ToolError(_TOO_DEEP)
     if isinstance(node, ast.Constant):
         if type(node.value) not in (int, float):  # bool is an int subclass, so compare types
             raise ToolError(f"calculator: {node.value!r} is not a number")
@@ -82,11 +91,11 @@ def _eval(node: ast.AST) -> int | float:
             raise ToolError(f"calculator: unknown name {node.id!r} (known: {known})")
         return _CONSTANTS[node.id]
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
+        return _UNARY[type(node.op)](_eval(node.operand, depth + 1))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        return _binary(node.op, _eval(node.left), _eval(node.right))
+        return _binary(node.op, _eval(node.left, depth + 1), _eval(node.right, depth + 1))
     if isinstance(node, ast.Call):
-        return _call(node)
+        return _call(node, depth)
     if isinstance(node, ast.Attribute):
         raise ToolError(f"calculator: attribute access ('.{node.attr}') is not allowed")
     raise ToolError(f"calculator: {type(node).__name__} expressions are not allowed")
@@ -117,16 +126,16 @@ def _check_power(base: float, exponent: float) -> None:
         raise ToolError(f"calculator: result too large (more than {_MAX_BITS} bits)")
 
 
-def _call(node: ast.Call) -> int | float:
+def _call(node: ast.Call, depth: int) -> int | float:
     if not isinstance(node.func, ast.Name):
-        return _eval(node.func)  # refuses it: an attribute (os.system) or a call's result
+        return _eval(node.func, depth)  # refuses it: an attribute (os.system) or a call's result
     if node.func.id not in _FUNCTIONS:
         known = ", ".join(_FUNCTIONS)
         raise ToolError(f"calculator: function {node.func.id!r} is not allowed (allowed: {known})")
     name = node.func.id
     if node.keywords:
         raise ToolError(f"calculator: {name}() takes no keyword arguments")
-    args = [_eval(arg) for arg in node.args]
+    args = [_eval(arg, depth + 1) for arg in node.args]
     try:
         return _FUNCTIONS[name](*args)
     except TypeError as e:
