@@ -73,9 +73,10 @@ $(CLUSTER): $(STAMP)
 test: setup browser cluster
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
-# The edit loop: the tiny random model and everything that needs no real checkpoint (~1 min)
+# The edit loop: the tiny random model and everything that needs no real checkpoint (~1.5 min),
+# on two workers as `make test`
 test-fast: setup cluster
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder
 
 # What CI checks besides the tests: ruff's lint and format, and the import layers (pyproject)
 lint: setup
