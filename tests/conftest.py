@@ -1,5 +1,5 @@
-"""Shared fixtures: each real model is loaded once per test session (Gemma: ~15 s the first time, before its weight cache),
-and a tiny random-weight model for the fast tier.
+"""Shared fixtures: each real model is loaded once per test session (Gemma takes ~15 s the first
+time, before its weight cache holds it), and a tiny random-weight model for the fast tier.
 
 Tiers: `make test-fast` runs the tests not marked `slow`, in about a minute and a half on 2
 cores; `make test` runs all. A test is `slow` when it uses a real checkpoint (the fixtures in REAL_MODELS, marked here at
