@@ -123,14 +123,17 @@ def tasks() -> dict[str, list[dict]]:
                 "then tell me whether I need an umbrella.",
             },
         ],
+        # The code tasks name the form the copy takes, after the code: asked first to rename a
+        # variable and "show the whole function" (or file), SmolLM2 described the code in prose
+        # and then repeated itself, so the tasks measured its loops rather than a copy of code.
         "code edit": user(
-            "Rename the variable `kth` to `threshold` in this Python function and show the "
-            f"whole function:\n\n```python\n{code_snippet()}\n```"
+            f"```python\n{code_snippet()}\n```\n\nCopy this Python function in a ```python "
+            "block, with every `kth` replaced by `threshold`. Do not explain it."
         ),
         "free prose": user("Write a short story about a lighthouse keeper who finds a letter."),
         "long file edit": user(
-            "Rename the variable `block` to `blk` everywhere in this file and print the whole "
-            f"file:\n\n```python\n{long_file()}\n```"
+            f"```python\n{long_file()}\n```\n\nCopy this Python file in a ```python block, "
+            "with every `block` replaced by `blk`. Do not explain it."
         ),
     }
 
