@@ -2,8 +2,8 @@
 time, before its weight cache holds it), and a tiny random-weight model for the fast tier.
 
 Tiers: `make test-fast` runs the tests not marked `slow`, in about a minute and a half on 2
-cores; `make test` runs all. A test is `slow` when it uses a real checkpoint (the fixtures in REAL_MODELS, marked here at
-collection) or starts processes (marked where it is written).
+cores; `make test` runs all. A test is `slow` when it uses a real checkpoint (the fixtures in
+REAL_MODELS, marked here at collection) or starts processes (marked where it is written).
 """
 
 from __future__ import annotations
