@@ -142,6 +142,14 @@ def centred_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 REFERENCE_SPAN = 1025
 
 
+def reference_span(perplexity: dict) -> tuple[list[int], torch.Tensor]:
+    """The reference's first REFERENCE_SPAN ids, and transformers' float32 NLLs of their
+    targets, (REFERENCE_SPAN - 1,) float64 (its `perplexity` section: one forward over the ids,
+    on the same dequantized GGUF weights)."""
+    ids = perplexity["token_ids"][:REFERENCE_SPAN]
+    return ids, torch.tensor(perplexity["hf_token_nll"][: len(ids) - 1], dtype=torch.float64)
+
+
 def token_nlls(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
     """(len(ids) - 1,) float64: -log p of each of ids[1:] under the (len(ids), vocab) logits of
     ids, as logsumexp(row) - row[target]. torch's logsumexp subtracts the row's max first, so
@@ -152,12 +160,6 @@ def token_nlls(logits: torch.Tensor, ids: list[int]) -> torch.Tensor:
     return logits.logsumexp(-1).double() - picked.double()
 
 
-def transformers_token_nlls(perplexity: dict, n_ids: int) -> torch.Tensor:
-    """transformers' float32 NLLs of the reference's first n_ids - 1 targets (its `perplexity`
-    section: one forward over the ids, on the same dequantized GGUF weights)."""
-    return torch.tensor(perplexity["hf_token_nll"][: n_ids - 1], dtype=torch.float64)
-
-
 def next_token_nll(logits: torch.Tensor, ids: list[int]) -> float:
     """The mean negative log-likelihood of ids[1:] under the (len(ids), vocab) logits of ids."""
-    return F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item()
+    return token_nlls(logits, ids).mean().item()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
-from helpers import REFERENCE_SPAN, token_nlls, transformers_token_nlls
+from helpers import reference_span, token_nlls
 
 from pellucid.engine.sampling_params import SamplingParams
 
@@ -32,9 +32,8 @@ def test_every_token_nll_matches_hf(any_llm, reference):
     """Each next-token NLL over the reference text's first 1,024 targets within 1e-3 of HF's
     (Gemma's 512-token sliding window is passed halfway), and so their mean: stricter than the
     whole text's mean within 0.5%, which this test once checked at twice the cost."""
-    ids = reference["perplexity"]["token_ids"][:REFERENCE_SPAN]
+    ids, hf = reference_span(reference["perplexity"])
     ours = token_nlls(any_llm.logits(ids), ids)
-    hf = transformers_token_nlls(reference["perplexity"], len(ids))
     assert (ours - hf).abs().max().item() < 1e-3
     assert math.isclose(ours.mean().item(), hf.mean().item(), abs_tol=1e-4)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REFERENCE_SPAN, token_nlls, transformers_token_nlls
+from helpers import reference_span, token_nlls
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
@@ -383,8 +383,7 @@ def test_the_fast_path_keeps_its_activations_in_float32_between_products(smollm2
 def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2_int4, reference_smollm2):
     # its head (28 MB in int8) weighs less than its decoder (66 MB): int8 (packed_head)
     assert isinstance(smollm2_int4.model.lm_head, Int8Linear)
-    ids = reference_smollm2["perplexity"]["token_ids"][:REFERENCE_SPAN]
-    float32 = transformers_token_nlls(reference_smollm2["perplexity"], len(ids))
+    ids, float32 = reference_span(reference_smollm2["perplexity"])
     # pre-fill's dense products, decoding's packed ones (where they differ)
     for packed_kernels in _pass_kinds(smollm2_int4, len(ids)):
         _assert_near_float32(_nlls(smollm2_int4, ids, packed_kernels), float32, packed_kernels)
@@ -397,8 +396,7 @@ def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(reference_g
     activations: that costs a little more, still within 1%."""
     fast = LLM("gemma3-270m", dtype="int4")
     assert isinstance(fast.model.lm_head, Int4Head) == rowdot.available()
-    ids = reference_gemma3["perplexity"]["token_ids"][:REFERENCE_SPAN]
-    float32 = transformers_token_nlls(reference_gemma3["perplexity"], len(ids))
+    ids, float32 = reference_span(reference_gemma3["perplexity"])
     # pre-fill's dense products, decoding's packed ones (where they differ)
     for packed_kernels in _pass_kinds(fast, len(ids)):
         _assert_near_float32(_nlls(fast, ids, packed_kernels), float32, packed_kernels)
@@ -454,8 +452,7 @@ def test_one_row_through_fbgemm_is_the_int8_product_with_8_bit_activations():
 
 
 def test_fbgemm_head_perplexity_is_within_one_percent_of_float32(reference_smollm2):
-    ids = reference_smollm2["perplexity"]["token_ids"][:REFERENCE_SPAN]
-    float32 = transformers_token_nlls(reference_smollm2["perplexity"], len(ids))
+    ids, float32 = reference_span(reference_smollm2["perplexity"])
     nlls = _nlls_with_fbgemm_head(LLM("smollm2-135m", dtype="int4"), ids)
     _assert_near_float32(nlls, float32, "fbgemm head")
 
