@@ -6,6 +6,7 @@ import gc
 import shutil
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from helpers import reference_span, token_nlls
@@ -323,6 +324,44 @@ def test_a_matrix_off_the_4_bit_grid_is_kept_in_int8():
     # 100 outputs are not a multiple of the int4 layouts' channel blocks (64 or 32 channels in
     # torch's, 8 in rowdot's): int8, not an error
     assert isinstance(packed(on_grid[:100]), Int8Linear)
+
+
+def test_groups_on_a_grid_of_fewer_steps_come_back_on_it():
+    """Q4_0's integers (w = (q - 8) * d) and Q4_K's need not reach both ends of 0..15 in every
+    group: min..max onto 0..15 then moves each weight by up to a third of its own step, and the
+    matrix went to int8. The number of steps the group spans is found instead."""
+    torch.manual_seed(3)
+    d = torch.rand(128, 2, 1) * 0.01 + 0.001
+    q = torch.randint(2, 13, (128, 2, 32))  # never 0 or 15
+    w = ((q - 8) * d).view(128, 64)
+    layer = packed(w)
+    assert isinstance(layer, quant.int4_class())
+    err = (layer.dequantize().float() - w).view(128, 2, 32).abs()
+    assert (err <= 0.1 * d).all()  # bf16 rounding of the scale and min; min..max: ~0.33 d
+    # weights off any grid (the search finds none) are kept in int8, as before
+    assert isinstance(packed(w + torch.randn(128, 64) * 1e-3), Int8Linear)
+
+
+def test_q4_k_weights_come_back_on_their_own_grid(gemma3_path):
+    """Gemma's GGUF stores its attention outputs as Q4_K (each group of 32 has a scale and a min
+    derived from its super-block's). As the gguf package dequantizes them, they are int4 again
+    with only bf16 rounding left (~0.5%), where min..max onto 0..15 moved them by ~4%; its Q5_0
+    projections are no 4-bit grid and stay int8."""
+    reader = gguf.GGUFReader(gemma3_path)
+    tensors = {t.name: t for t in reader.tensors}
+    for name, kind in [("blk.0.attn_output.weight", "Q4_K"), ("blk.0.attn_q.weight", "Q5_0")]:
+        tensor = tensors[name]
+        assert tensor.tensor_type.name == kind
+        w = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+        layer = packed(w.float())
+        err = (layer.dequantize().float() - w).norm() / w.norm()
+        if kind == "Q4_K":
+            assert isinstance(layer, quant.int4_class()) and err < 0.01, (name, err)
+            groups = w.view(w.shape[0], -1, GROUP)
+            low, high = groups.amin(-1), groups.amax(-1)
+            assert quant.grid_error(groups, *quant.onto_steps(groups, low, high, 15), low) > 0.03
+        else:
+            assert isinstance(layer, Int8Linear), name
 
 
 @pytest.fixture(scope="module")

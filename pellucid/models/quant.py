@@ -74,8 +74,9 @@ def channel_block() -> int | None:
 def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
     CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel). v4: norms and biases are
-    float32 (packed_model.quantize); v5: a tied head is int4 with rowdot (Int4Head)."""
-    return "packed-v5-dot8" if rowdot.available() else f"packed-v4-n{channel_block() or 0}"
+    float32 (packed_model.quantize); v5: a tied head is int4 with rowdot (Int4Head); v6: Q4_K
+    and Q4_0 matrices are int4 (quantize_groups finds their grid)."""
+    return f"packed-v6-{'dot8' if rowdot.available() else f'n{channel_block() or 0}'}"
 
 
 @functools.cache
@@ -109,13 +110,59 @@ def require_int4_shape(layer: type, out_features: int, in_features: int) -> None
 def quantize_groups(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(out, in) float32 weights, group by group along the input, each group's min..max mapped
     onto 0..15: q (out, in) in 0..15, and each group's scale and min (out, in/GROUP), so that
-    w ~ q * scale + min."""
+    w ~ q * scale + min. Unless that errs where fewer steps would not: a Q4_K or Q4_0 file's
+    groups lie on a 4-bit grid whose integers need not span all of 0..15 (Q4_K sets each
+    sub-block's scale and min from its super-block's, Q4_0 fixes the zero at 8), so that
+    min..max onto 0..15 errs by ~4% where the right number of steps gives them back exactly
+    (best_steps). Whether a matrix lies on such a grid is read from its first SAMPLE_ROWS rows:
+    a search of the whole costs 15 passes, for nothing where there is no grid (Q5_0, Q6_K)."""
     out_f, in_f = w.shape
     groups = w.view(out_f, in_f // GROUP, GROUP)
     low, high = groups.amin(-1), groups.amax(-1)
-    scale = ((high - low) / 15).clamp(min=1e-12)
-    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    q, scale = onto_steps(groups, low, high, 15)
+    part = slice(0, SAMPLE_ROWS)
+    if grid_error(groups[part], q[part], scale[part], low[part]) > ON_GRID:
+        fewer = best_steps(groups[part], low[part], high[part])
+        if grid_error(groups[part], *fewer, low[part]) <= ON_GRID:
+            q, scale = best_steps(groups, low, high)
     return q.view(out_f, in_f), scale, low
+
+
+SAMPLE_ROWS = 64  # rows whose groups tell whether a matrix lies on a 4-bit grid
+ON_GRID = 1e-3  # relative error below which weights are taken to lie on the grid found
+
+
+def onto_steps(groups: Tensor, low: Tensor, high: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """(out, in/GROUP, GROUP) groups onto `steps` equal steps from each one's min to its max:
+    the integers q (0..steps, float) and each group's step (out, in/GROUP)."""
+    scale = ((high - low) / steps).clamp(min=1e-12)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+    return q, scale
+
+
+def squared_error(groups: Tensor, q: Tensor, scale: Tensor, low: Tensor) -> Tensor:
+    """Each group's summed squared error of q * scale + low: (out, in/GROUP)."""
+    return (q * scale[..., None] + low[..., None] - groups).pow(2).sum(-1)
+
+
+def grid_error(groups: Tensor, q: Tensor, scale: Tensor, low: Tensor) -> float:
+    """Relative (Frobenius) error of q * scale + low against the groups."""
+    err = squared_error(groups, q, scale, low).sum().sqrt()
+    return (err / groups.norm().clamp(min=1e-12)).item()
+
+
+def best_steps(groups: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+    """Each group onto 15, 14, ... 1 steps from its min to its max, whichever reproduces it
+    best (ties to more steps): q and scale as onto_steps'."""
+    q, scale = onto_steps(groups, low, high, 15)
+    least = squared_error(groups, q, scale, low)
+    for steps in range(14, 0, -1):
+        q_s, scale_s = onto_steps(groups, low, high, steps)
+        err = squared_error(groups, q_s, scale_s, low)
+        better = err < least
+        least = torch.where(better, err, least)
+        q, scale = torch.where(better[..., None], q_s, q), torch.where(better, scale_s, scale)
+    return q, scale
 
 
 class PackedLinear(nn.Module):
@@ -387,7 +434,8 @@ class Int8Linear(PackedLinear):
 
 def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
     """Int4 when 4 bits lose (almost) nothing: the weights already lie on a 4-bit grid, as a
-    Q4_1 file's do (relative error ~0.3%, bf16 rounding of the scales). Otherwise int8 — Gemma's
+    Q4_1, Q4_0 or Q4_K file's do (relative error ~0.3-0.6%, bf16 rounding of the scales and
+    mins). Otherwise int8 — Gemma's
     Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and cost 22% of perplexity.
     `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
     if kind is not None:
