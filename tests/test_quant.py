@@ -6,7 +6,6 @@ import gc
 import shutil
 from pathlib import Path
 
-import gguf
 import pytest
 import torch
 from helpers import reference_span, token_nlls
@@ -25,6 +24,7 @@ from pellucid.models.quant import (
     packed_format,
 )
 from pellucid.weights import cache as weight_cache
+from pellucid.weights.gguf_file import GGUFFile
 
 NO_FBGEMM = "fbgemm does not run here (no AVX-512 VNNI, or no x86 quantized engine)"
 
@@ -344,16 +344,14 @@ def test_groups_on_a_grid_of_fewer_steps_come_back_on_it():
 
 def test_q4_k_weights_come_back_on_their_own_grid(gemma3_path):
     """Gemma's GGUF stores its attention outputs as Q4_K (each group of 32 has a scale and a min
-    derived from its super-block's). As the gguf package dequantizes them, they are int4 again
+    derived from its super-block's). As the gguf package dequantizes them, they pack into int4
     with only bf16 rounding left (~0.5%), where min..max onto 0..15 moved them by ~4%; its Q5_0
     projections are no 4-bit grid and stay int8."""
-    reader = gguf.GGUFReader(gemma3_path)
-    tensors = {t.name: t for t in reader.tensors}
+    file = GGUFFile(gemma3_path)  # tensors dequantized by the gguf package
     for name, kind in [("blk.0.attn_output.weight", "Q4_K"), ("blk.0.attn_q.weight", "Q5_0")]:
-        tensor = tensors[name]
-        assert tensor.tensor_type.name == kind
-        w = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
-        layer = packed(w.float())
+        assert file.tensor_type(name).name == kind
+        w = file.tensor(name)
+        layer = packed(w)
         err = (layer.dequantize().float() - w).norm() / w.norm()
         if kind == "Q4_K":
             assert isinstance(layer, quant.int4_class()) and err < 0.01, (name, err)
