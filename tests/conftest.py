@@ -33,8 +33,8 @@ THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKE
 torch.set_num_threads(THREADS)
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 REAL_MODELS = {
-    *("smollm2", "smollm2_short", "smollm2_path", "gemma3", "gemma3_path", "model_name"),
-    "any_llm",
+    *("smollm2", "smollm2_short", "smollm2_path", "gemma3", "gemma3_path"),
+    *("model_name", "any_llm"),
     *("smollm2_tok", "gemma3_tok", "hf_folder_copies", "model"),  # test_tokenizer's
 }
 # The files that take longest under `make test` (half a minute to two minutes each on 2 cores),

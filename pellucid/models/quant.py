@@ -435,8 +435,8 @@ class Int8Linear(PackedLinear):
 def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
     """Int4 when 4 bits lose (almost) nothing: the weights already lie on a 4-bit grid, as a
     Q4_1, Q4_0 or Q4_K file's do (relative error ~0.3-0.6%, bf16 rounding of the scales and
-    mins). Otherwise int8 — Gemma's
-    Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and cost 22% of perplexity.
+    mins). Otherwise int8 — Gemma's Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and
+    cost 22% of perplexity.
     `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
     if kind is not None:
         return (int4_class() if kind == "int4" else Int8Linear).from_weight(w, bias)
