@@ -3,7 +3,8 @@ models/config.py and come from the checkpoint)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -23,6 +24,9 @@ class EngineConfig:
     # Use the decode steps compiled ahead of time for this model's architecture, where
     # `pellucid compile` has built them (engine/aot_decode.py): no compiler in this process
     compiled_ahead: bool = True
+    # ... and where there are none yet, on the fast path: build them in a background process
+    # (engine/aot_build.py), decoding eagerly until they are ready. PELLUCID_BUILD_AHEAD=0: off
+    build_ahead: bool = field(default_factory=lambda: os.environ.get("PELLUCID_BUILD_AHEAD") != "0")
     # Speculative decoding from each sequence's own n-grams (engine/drafter.py): on, requests
     # draft where it pays or as their SamplingParams.speculative says; off, none does
     speculative: bool = True

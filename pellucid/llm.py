@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pellucid import catalog
 from pellucid.config import EngineConfig
-from pellucid.engine import aot_decode
+from pellucid.engine import aot_build, aot_decode
 from pellucid.engine.llm_engine import LLMEngine
 from pellucid.engine.outputs import RequestOutput, TokenLogprob
 from pellucid.engine.probes import FINAL_NORM, LOGITS, Capture, Intervention, hook_names
@@ -88,9 +88,18 @@ class LLM:
             config.max_model_len = max_model_len
         config.compile = config.compile or compile  # torch.compile the decode step
         self.engine = LLMEngine(self.model, self.tokenizer, self.kv_dtype, config)
+        if dtype == FAST_PATH and config.compiled_ahead and config.build_ahead:
+            self.build_ahead()
         del metadata  # a large vocabulary's lists of strings
         release_freed_memory()  # what reading the tokenizer and the metadata freed
         self.load_s = time.perf_counter() - start
+
+    def build_ahead(self) -> None:
+        """Without a decode step compiled ahead for this model, have one built in a background
+        process (engine/aot_build.py); the engine switches to it once it exists."""
+        decode = self.engine.model_runner.compiled_decode
+        if decode is not None and decode.refresh is not None and not decode.jit:
+            aot_build.start(self.path, aot_decode.package_paths(self.model)[1])
 
     # --- prompts -> token ids -------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:

@@ -215,7 +215,7 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     many-row kind is the same build at other dims, and its package for the real SmolLM2 (built
     by `make setup`) is checked below (test_the_many_row_package_reads_the_models_dense_copies)
     and in test_quant's 12-row replies."""
-    from pellucid.engine import aot_decode
+    from pellucid.engine import aot_decode, compiled_decode
     from pellucid.models import build_model
 
     monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path))
@@ -226,8 +226,17 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     config = EngineConfig(block_size=4)
     _, engine = run(tiny, prompts[:1], config)
     assert engine.model_runner.compiled_decode is None  # nothing built yet: eager
+    # an engine that looks for the package while it is built (aot_build.py starts the build)
+    _, watching = run(tiny, prompts[:1], dataclasses.replace(config, build_ahead=True))
+    assert watching.model_runner.compiled_decode.steps == 0
     paths = engine.model_runner.compile_ahead(kinds=[1])
     assert paths == [aot_decode.package_paths(model)[1]] and paths[0].parent == tmp_path / "aot"
+    monkeypatch.setattr(compiled_decode, "LOOK_EVERY", 0.0)
+    seq = watching.add_request(prompts[0], GREEDY)
+    while watching.has_unfinished():
+        watching.step()
+    assert seq.output_ids == expected[0]
+    assert watching.model_runner.compiled_decode.steps == N_NEW - 1  # switched at once
 
     out, engine = run(tiny, prompts[:1], config)  # a new engine: loads, does not compile
     decode = engine.model_runner.compiled_decode

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import types
 from collections.abc import Callable
 
@@ -77,6 +78,7 @@ def prepare(
     example: Example | None = None,
     jit: bool = True,
     ahead: dict[int, Forward] | None = None,
+    refresh: Callable[[], dict[int, Forward]] | None = None,
 ) -> CompiledDecode:
     """The compiled decode step of `model`, and the one setting it needs of the process:
     inductor keeps its kernels with pellucid's cache, so a later process reuses them. Inductor
@@ -84,9 +86,9 @@ def prepare(
     kept. With `example`, the graphs compile in the background (see the module's docstring),
     the graphs for one row and for a few starting now. `ahead`: steps compiled ahead of time
     (aot_decode.py), by kind, used first; `jit`: torch.compile the kinds they leave out (else
-    those run eagerly)."""
+    those run eagerly); `refresh`: finds them once they have been built (aot_build.py)."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-    decode = CompiledDecode(model, example, jit, ahead)
+    decode = CompiledDecode(model, example, jit, ahead, refresh)
     if example is not None and jit:
         for rows in (1, 2):
             decode.compile_ahead(rows)
@@ -97,6 +99,7 @@ def prepare(
 # dense copies, up to where dense_mm's padding changes its step: one graph must not branch on
 # the rows); and more.
 KINDS = (1, 2, DENSE_ROWS + 1, 4 * ROW_BUCKET + 1)
+LOOK_EVERY = 1.0  # seconds between looks for a package being built (aot_build.py)
 
 
 def kind(rows: int) -> int:
@@ -117,10 +120,15 @@ class CompiledDecode:
         example: Example | None = None,
         jit: bool = True,
         ahead: dict[int, Forward] | None = None,
+        refresh: Callable[[], dict[int, Forward]] | None = None,
     ):
         self.model = model
         self.jit = jit
         self.ahead = ahead or {}  # kind -> a step compiled ahead of time (aot_decode.py)
+        # while a package is being built: what finds it ({} until it exists), and when to look
+        # again (a file's existence, not each step: LOOK_EVERY seconds apart)
+        self.refresh = refresh
+        self.next_look = 0.0
         self.compiled: Forward | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes seconds, which a load should not pay
         self.dense_made = False
@@ -138,6 +146,8 @@ class CompiledDecode:
 
     def __call__(self, ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
         rows = ids.shape[1]
+        if self.refresh is not None and kind(rows) not in self.ahead:
+            self.look_for_packages()
         if (step := self.ahead.get(kind(rows))) is not None:
             self.steps += 1
             return step(ids, positions, ctx)
@@ -156,6 +166,17 @@ class CompiledDecode:
             except Exception as e:  # noqa: BLE001 - any compiler failure: eager still works
                 self.fail(e)
         return self.eager(ids, positions, ctx)
+
+    def look_for_packages(self) -> None:
+        """Use the packages built since this step was made, if the few-row one now exists."""
+        if time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + LOOK_EVERY
+        assert self.refresh is not None
+        if found := self.refresh():
+            self.ahead |= found
+            self.refresh = None
+            log.info("decoding with the step compiled ahead from now on")
 
     def make_compiled(self) -> Forward:
         use_fbgemm_head(self.model)  # before tracing: the graph calls fbgemm for a few rows
