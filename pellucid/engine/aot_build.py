@@ -21,6 +21,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 log = logging.getLogger("pellucid")
@@ -65,14 +66,21 @@ def start(model_path: Path, package: Path) -> bool:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return True
-    with open(log_of(package), "wb") as out:
-        builder = subprocess.Popen(
-            command(model_path), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            # a group of its own: a ^C here does not stop it. Not a session of its own: Linux
-            # shares the CPU between sessions (autogroups) before it weighs niceness, and the
-            # build then took half of it, the decoding beside it 4x slower
-            process_group=0, env=os.environ | {"PELLUCID_BUILD_AHEAD": "0"},
-        )  # fmt: skip
+    try:
+        with open(log_of(package), "wb") as out:
+            builder = subprocess.Popen(
+                command(model_path), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT,
+                # a group of its own: a ^C here does not stop it. Not a session of its own: Linux
+                # shares the CPU between sessions (autogroups) before it weighs niceness, and the
+                # build then took half of it, the decoding beside it 4x slower
+                process_group=0, env=os.environ | {"PELLUCID_BUILD_AHEAD": "0"},
+            )  # fmt: skip
+    except OSError as e:
+        os.close(fd)
+        lock.unlink()
+        log.warning("could not start building the compiled decode step (%s); decoding eagerly", e)
+        return False
     os.write(fd, str(builder.pid).encode())
     os.close(fd)
     log.warning(
@@ -85,10 +93,10 @@ def start(model_path: Path, package: Path) -> bool:
 
 def builder_alive(lock: Path) -> bool:
     """Whether the process named in the lock file still runs (an empty file: it is being
-    written by the process that just made it)."""
+    written by the process that just made it, unless that was a while ago)."""
     text = lock.read_text().strip()
     if not text:
-        return True
+        return time.time() - lock.stat().st_mtime < 60
     try:
         pid = int(text)
         os.kill(pid, 0)
