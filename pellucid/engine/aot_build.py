@@ -1,9 +1,9 @@
 """The decode step compiled ahead for a model that has none yet, built in a background process.
 
 Why: a model a user brings (their own GGUF, or Gemma from the catalog) has no package until
-`pellucid compile --model M` builds one, and without it every token is decoded eagerly, about
-three times slower (a Q4_K_M SmolLM2: 35 tok/s eagerly, where llama.cpp decoded 100). A user who
-never hears of `pellucid compile` should not pay that on every run. So the first fast-path load
+`pellucid compile --model M` builds one, and without it every token is decoded eagerly, several
+times slower, below llama.cpp's speed (benchmarks/results/comments.md). A user who never hears
+of `pellucid compile` should not pay that on every run. So the first fast-path load
 of such a model starts that command in a process of its own, at a low priority: this process
 serves eagerly meanwhile (no request waits for the compiler), switches to the package once it
 is written (compiled_decode.py looks for it), and every later process loads it at once.
@@ -72,8 +72,8 @@ def start(model_path: Path, package: Path) -> bool:
                 command(model_path), stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT,
                 # a group of its own: a ^C here does not stop it. Not a session of its own: Linux
-                # shares the CPU between sessions (autogroups) before it weighs niceness, and the
-                # build then took half of it, the decoding beside it 4x slower
+                # shares the CPU between sessions (autogroups) before it weighs niceness: the
+                # build then took half of it, and the decoding beside it slowed several times
                 process_group=0, env=os.environ | {"PELLUCID_BUILD_AHEAD": "0"},
             )  # fmt: skip
     except OSError as e:
