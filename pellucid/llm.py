@@ -97,9 +97,13 @@ class LLM:
     def build_ahead(self) -> None:
         """Without a decode step compiled ahead for this model, have one built in a background
         process (engine/aot_build.py); the engine switches to it once it exists."""
-        decode = self.engine.model_runner.compiled_decode
-        if decode is not None and decode.refresh is not None and not decode.jit:
-            aot_build.start(self.path, aot_decode.package_paths(self.model)[1])
+        runner = self.engine.model_runner
+        decode = runner.compiled_decode
+        if decode is not None and (decode.jit or 1 in decode.ahead):
+            return  # torch.compile's step; or the package is there
+        few_rows = aot_decode.package_paths(self.model)[1]
+        if aot_build.start(self.path, few_rows):
+            runner.watch_for_packages(few_rows)
 
     # --- prompts -> token ids -------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:

@@ -226,8 +226,10 @@ def test_decode_compiled_ahead_is_loaded_by_later_engines(smollm2, tmp_path, mon
     config = EngineConfig(block_size=4)
     _, engine = run(tiny, prompts[:1], config)
     assert engine.model_runner.compiled_decode is None  # nothing built yet: eager
-    # an engine that looks for the package while it is built (aot_build.py starts the build)
-    _, watching = run(tiny, prompts[:1], dataclasses.replace(config, build_ahead=True))
+    # an engine that looks for the package while it is built (as LLM does once aot_build.py
+    # has started the build)
+    _, watching = run(tiny, prompts[:1], config)
+    watching.model_runner.watch_for_packages(aot_decode.package_paths(model)[1])
     assert watching.model_runner.compiled_decode.steps == 0
     paths = engine.model_runner.compile_ahead(kinds=[1])
     assert paths == [aot_decode.package_paths(model)[1]] and paths[0].parent == tmp_path / "aot"

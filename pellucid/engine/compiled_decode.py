@@ -78,7 +78,6 @@ def prepare(
     example: Example | None = None,
     jit: bool = True,
     ahead: dict[int, Forward] | None = None,
-    refresh: Callable[[], dict[int, Forward]] | None = None,
 ) -> CompiledDecode:
     """The compiled decode step of `model`, and the one setting it needs of the process:
     inductor keeps its kernels with pellucid's cache, so a later process reuses them. Inductor
@@ -86,9 +85,9 @@ def prepare(
     kept. With `example`, the graphs compile in the background (see the module's docstring),
     the graphs for one row and for a few starting now. `ahead`: steps compiled ahead of time
     (aot_decode.py), by kind, used first; `jit`: torch.compile the kinds they leave out (else
-    those run eagerly); `refresh`: finds them once they have been built (aot_build.py)."""
+    those run eagerly)."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-    decode = CompiledDecode(model, example, jit, ahead, refresh)
+    decode = CompiledDecode(model, example, jit, ahead)
     if example is not None and jit:
         for rows in (1, 2):
             decode.compile_ahead(rows)
@@ -120,14 +119,13 @@ class CompiledDecode:
         example: Example | None = None,
         jit: bool = True,
         ahead: dict[int, Forward] | None = None,
-        refresh: Callable[[], dict[int, Forward]] | None = None,
     ):
         self.model = model
         self.jit = jit
         self.ahead = ahead or {}  # kind -> a step compiled ahead of time (aot_decode.py)
-        # while a package is being built: what finds it ({} until it exists), and when to look
-        # again (a file's existence, not each step: LOOK_EVERY seconds apart)
-        self.refresh = refresh
+        # while a package is being built (ModelRunner.watch_for_packages): what finds it ({}
+        # until it exists), and when to look again (LOOK_EVERY seconds apart, not every step)
+        self.refresh: Callable[[], dict[int, Forward]] | None = None
         self.next_look = 0.0
         self.compiled: Forward | None = None  # made on the first call: importing the compiler
         self.failed = False  # takes seconds, which a load should not pay

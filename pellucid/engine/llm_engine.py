@@ -68,9 +68,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.model_runner = ModelRunner(
-            model, self.pool, config.compile, config.compile_in_background, config.compiled_ahead,
-            config.build_ahead,
-        )  # fmt: skip
+            model, self.pool, config.compile, config.compile_in_background, config.compiled_ahead
+        )
         self.sequences: dict[int, Sequence] = {}
         self.grammars = GrammarCompiler(tokenizer)
         # Re-entrant: an LLM call made while holding it (a test borrowing a served engine) runs.

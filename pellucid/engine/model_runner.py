@@ -12,7 +12,7 @@ The runner reads the sequences and changes none of them: what it sampled comes b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from pellucid.engine import aot_decode
-from pellucid.engine.compiled_decode import CompiledDecode, Forward, prepare
+from pellucid.engine.compiled_decode import CompiledDecode, prepare
 from pellucid.engine.kv_cache import KVCachePool, lazy_zeros
 from pellucid.engine.outputs import TokenLogprob
 from pellucid.engine.probes import Probe
@@ -63,7 +63,6 @@ class ModelRunner:
         compile: bool = False,
         in_background: bool = False,
         ahead: bool = True,
-        watch: bool = False,
     ):
         self.model = model
         self.pool = pool
@@ -73,13 +72,8 @@ class ModelRunner:
         example = self.example_step if in_background else None
         # the decode steps compiled ahead (`pellucid compile`), loaded in milliseconds
         steps = aot_decode.load(model) if ahead else {}
-        # `watch`: without the few-row package, look for it as it may be built meanwhile
-        # (engine/aot_build.py) and use it once it is
-        refresh = package_watch(model) if ahead and watch and 1 not in steps else None
         self.compiled_decode: CompiledDecode | None = (
-            prepare(model, example, compile, steps, refresh)
-            if compile or steps or refresh
-            else None
+            prepare(model, example, compile, steps) if compile or steps else None
         )
 
     @torch.inference_mode()
@@ -185,6 +179,14 @@ class ModelRunner:
             self.compiled_decode.ahead = steps
         return [paths[k] for k in kinds or aot_decode.KINDS]
 
+    def watch_for_packages(self, few_rows: Path) -> None:
+        """Use the decode step's packages once the few-row one, being built meanwhile
+        (engine/aot_build.py), exists: the steps look for it (compiled_decode.py)."""
+        if self.compiled_decode is None:
+            self.compiled_decode = prepare(self.model, None, False, {})
+        model = self.model
+        self.compiled_decode.refresh = lambda: aot_decode.load(model) if few_rows.exists() else {}
+
     def example_step(self, rows: int) -> tuple[Tensor, Tensor, ForwardContext]:
         """A decode step of `rows` one-token sequences for a background compile: the same
         shapes as a real step, but its K and V go to a scratch pool shaped like the real one
@@ -254,12 +256,6 @@ def _split_rows(logits: Tensor, rows: list[list[int]]) -> list[Tensor | None]:
         out.append(logits[at : at + len(r)] if r else None)
         at += len(r)
     return out
-
-
-def package_watch(model: LlamaModel) -> Callable[[], dict[int, Forward]]:
-    """What finds the model's packages once its few-row one exists ({} until then)."""
-    few = aot_decode.package_paths(model)[1]
-    return lambda: aot_decode.load(model) if few.exists() else {}
 
 
 def _scratch(pool: KVCachePool) -> tuple[list[Tensor], list[Tensor]]:
