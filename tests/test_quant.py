@@ -12,7 +12,7 @@ from helpers import reference_span, token_nlls
 
 from pellucid import LLM
 from pellucid.loading.loader import read_checkpoint
-from pellucid.models import dense, fbgemm, kernels, quant, rowdot, unpack
+from pellucid.models import dense, fbgemm, grid, kernels, quant, rowdot, unpack
 from pellucid.models.quant import (
     GROUP,
     Int4DotLinear,
@@ -357,7 +357,7 @@ def test_q4_k_weights_come_back_on_their_own_grid(gemma3_path):
             assert isinstance(layer, quant.int4_class()) and err < 0.01, (name, err)
             groups = w.view(w.shape[0], -1, GROUP)
             low, high = groups.amin(-1), groups.amax(-1)
-            assert quant.grid_error(groups, *quant.onto_steps(groups, low, high, 15), low) > 0.03
+            assert grid.grid_error(groups, *grid.onto_steps(groups, low, high, 15), low) > 0.03
         else:
             assert isinstance(layer, Int8Linear), name
 
