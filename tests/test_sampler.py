@@ -15,8 +15,12 @@ from pellucid.engine.sampler import SamplerState, sample
 from pellucid.engine.sampling_ops import (
     apply_penalties,
     apply_temperature,
-    exponential_race,
+    argmax_rows,
+    exp_from_max,
+    inverse_cdf,
+    logsumexp_rows,
     min_p_mask,
+    top_candidates,
     top_k_mask,
     top_p_mask,
 )
@@ -171,7 +175,7 @@ def test_top_p_over_a_large_vocabulary_keeps_what_sorting_it_all_keeps(monkeypat
     )
     got = [top_p_mask(row[None], p[None]) for row, p in zip(logits, top_p)]  # row by row
     assert len(sorts) == 2  # the rows whose nucleus is larger: 0.99 of row 2, the flat row
-    monkeypatch.setattr(sampling_ops, "TOP_P_FIRST", 1 << 30)  # always the full sort
+    monkeypatch.setattr(sampling_ops, "TOP_P_FIRST", ())  # always the full sort
     want = top_p_mask(logits, top_p)
     assert [k for g in got for k in kept(g)] == kept(want)
     sizes = [len(k) for k in kept(want)]
@@ -179,6 +183,58 @@ def test_top_p_over_a_large_vocabulary_keeps_what_sorting_it_all_keeps(monkeypat
     assert sizes[5] == 2
     ids = torch.isfinite(got[1][0])
     assert torch.equal(got[1][0][ids], logits[1][ids])  # the kept logits are unchanged
+
+
+def test_a_large_vocabularys_largest_are_torchs_found_chunk_by_chunk():
+    """argmax_rows and top_candidates read a large row chunk by chunk: the same indices as
+    torch's argmax (the first of equals), the same values as its topk, ids that hold them."""
+    gen = torch.Generator().manual_seed(6)
+    for vocab_size in (262_144, 49_152, 151_936):  # Gemma 3's, SmolLM2's, Qwen2's (x 128)
+        logits = torch.randn(6, vocab_size, generator=gen)
+        logits[1, [300, 47_000, 4000]] = 9.0  # ties in different chunks: the first wins
+        logits[2, 255:257] = 9.0  # a tie across a chunk's edge
+        logits[3] = float("-inf")  # a row a grammar allowed nothing in
+        logits[3, vocab_size - 1] = 0.0
+        logits[4, 1000:1100] = 5.0  # 100 equal values, more than k: any k of them
+        logits[5] = float("-inf")
+        assert argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
+        assert argmax_rows(logits)[:3].tolist() == [logits[0].argmax(), 300, 255]
+        for k in (1, 40, 64, 256):
+            values, ids = top_candidates(logits, k)
+            assert torch.equal(values, logits.topk(k).values)
+            assert torch.equal(logits.gather(1, ids), values)
+            assert all(len(set(row)) == k for row in ids.tolist())
+
+
+def test_few_candidates_draw_what_the_whole_vocabulary_draws():
+    """A seeded row with top-k, or top-p alone, draws from its few candidates (its top k; the
+    TOP_P_FIRST its nucleus lies in) the token it would draw from the whole vocabulary, where a
+    batch-mate without those filters sends every row there."""
+    vocab_size = 65_536
+    gen = torch.Generator().manual_seed(8)
+    logit_steps = torch.randn(20, 2, vocab_size, generator=gen)
+    peaks = torch.randint(0, vocab_size, (20, 2, 30), generator=gen)
+    logit_steps.scatter_add_(2, peaks, torch.full(peaks.shape, 12.0))  # nuclei of ~30 tokens
+    plain = SamplingParams(temperature=0.9)  # top_k and top_p off: the whole vocabulary
+    for target in (
+        SamplingParams(seed=7, temperature=0.7, top_k=40, top_p=0.9, min_p=0.01),
+        SamplingParams(seed=7, temperature=0.8, top_p=0.9),
+        SamplingParams(seed=7, temperature=1.3, top_p=0.95, min_p=0.05),
+    ):
+        alone = run_steps(logit_steps[:, 1:], 0, [SamplerState(target, [], vocab_size)])
+        batch = [SamplerState(plain, [], vocab_size), SamplerState(target, [], vocab_size)]
+        assert run_steps(logit_steps, 1, batch) == alone, target
+        assert len(set(alone)) > 5  # really sampled, not one token over and over
+
+
+def test_top_p_over_a_large_vocabulary_draws_the_renormalized_nucleus():
+    vocab_size = 4096  # past TOP_P_FIRST: top-p's candidates alone are drawn from
+    places = [5, 3000, 257, 4095]  # the four of PROBS, far apart
+    logits = torch.zeros(vocab_size)  # the rest: ~1e-5 of the mass between them
+    logits[places] = LOGITS + 20
+    freq = frequencies(draw(logits, SamplingParams(top_p=0.75), 10_000), vocab_size)
+    assert (freq[places] - torch.tensor([0.0, 0.625, 0.0, 0.375])).abs().max() < 0.025
+    assert freq[places].sum() == 1.0
 
 
 def test_top_p_one_keeps_tokens_float32_rounds_away():
@@ -200,9 +256,47 @@ def test_min_p_mask_keeps_tokens_above_fraction_of_max():
     assert kept(out) == [{1, 2, 3}, {1, 3}, {1}, {0, 1, 2, 3}]
 
 
-def test_exponential_race_never_picks_zero_probability():
+def test_draw_never_picks_zero_probability():
     probs = torch.tensor([[0.0, 1.0, 0.0]]).repeat(2000, 1)
-    assert exponential_race(probs, [None] * 2000).eq(1).all()
+    assert sampling_ops.draw(probs, [None] * 2000).eq(1).all()
+    # at the ends of [0, 1): the first and the last token that have any weight
+    weights = torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0]] * 3) * 3
+    ends = torch.tensor([0.0, 1 - 2**-53, 1.0], dtype=torch.float64)  # 1.0 rounds as u * sum can
+    assert inverse_cdf(weights, ends).tolist() == [1, 2, 2]
+    assert inverse_cdf(weights, torch.tensor([0.24, 0.26, 0.5], dtype=torch.float64)).tolist() == [
+        1,
+        2,
+        2,
+    ]
+
+
+def test_a_whole_vocabulary_is_drawn_from_in_two_steps_as_in_one():
+    """inverse_cdf over a long row goes chunk, then place within the chunk: the index one
+    running sum over the whole row gives, and never a weight of 0."""
+    gen = torch.Generator().manual_seed(9)
+    weights = torch.rand(4, 65_536, generator=gen) ** 8  # from ~1 down to ~1e-30
+    weights[:, ::3] = 0.0
+    weights[1, :40_000] = 0.0  # a row whose first 40,000 are out
+    running = weights.double().cumsum(-1)
+    for _ in range(50):
+        uniform = torch.rand(4, dtype=torch.float64, generator=gen)
+        one_step = torch.searchsorted(running, uniform[:, None] * running[:, -1:], right=True)
+        assert inverse_cdf(weights, uniform).tolist() == one_step.squeeze(1).tolist()
+    ends = inverse_cdf(weights[1:2].expand(2, -1), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    nonzero = weights[1].nonzero().squeeze(1)
+    assert ends.tolist() == [nonzero[0], nonzero[-1]]
+
+
+def test_probabilities_without_subnormals_are_torchs():
+    """exp_from_max and logsumexp_rows skip exp's subnormal results (a row at temperature 0.2):
+    the same probabilities, to float32's precision, and -inf stays out."""
+    logits = torch.randn(3, 49_152, generator=torch.Generator().manual_seed(10)) * 3 / 0.2
+    logits[2, 100:] = float("-inf")
+    probs = exp_from_max(logits)
+    want = torch.softmax(logits, dim=-1)
+    torch.testing.assert_close(probs / probs.sum(-1, keepdim=True), want, rtol=1e-5, atol=2e-38)
+    assert probs[2, 100:].eq(0).all() and probs.amax(-1).eq(1).all()
+    torch.testing.assert_close(logsumexp_rows(logits), logits.logsumexp(-1, keepdim=True))
 
 
 # --- sample(): greedy, temperature, seeds ----------------------------------------------------
@@ -389,6 +483,6 @@ def test_plain_rows_skip_penalties_and_filters(monkeypatch):
     logits = torch.randn(3, 10)
     plain = [SamplerState(SamplingParams(seed=0), [], 10)] * 3
     assert sample(logits, plain).token_ids.shape == (3,)
-    monkeypatch.setattr(sampler_module, "exponential_race", forbidden)
+    monkeypatch.setattr(sampler_module, "draw", forbidden)
     greedy = sample(logits, [SamplerState(SamplingParams(temperature=0), [], 10)] * 3)
     assert greedy.token_ids.tolist() == logits.argmax(-1).tolist()

@@ -19,9 +19,13 @@ from pellucid.engine.sampling_ops import (
     NEG_INF,
     apply_penalties,
     apply_temperature,
-    exponential_race,
+    argmax_rows,
+    draw,
+    exp_from_max,
     min_p_mask,
+    top_candidates,
     top_k_mask,
+    top_p_candidates,
     top_p_mask,
 )
 from pellucid.engine.sampling_params import SamplingParams
@@ -141,14 +145,23 @@ def sample(logits: Tensor, states: Sequence[SamplerState]) -> SamplerOutput:
     logits = constrain(raw, states)
     logits = _penalize(logits, states) if any(p.has_penalties for p in params) else logits
     greedy = [p.is_greedy for p in params]
-    if all(greedy):  # fast path: no softmax, no noise
-        token_ids = logits.argmax(dim=-1)
+    if all(greedy):  # fast path: no softmax, no draw
+        token_ids = argmax_rows(logits)
     else:
-        probs = torch.softmax(_filter(logits, params), dim=-1)
-        token_ids = exponential_race(probs, [s.generator for s in states], skip=greedy)
+        values, ids = _filter(logits, params)  # (B, N): each row's candidates, or all V
+        if ids is not None:  # in vocabulary order, as the whole row would be
+            ids, order = ids.sort(dim=-1)
+            values = values.gather(1, order)
+        # Unnormalized: each weight is the same whatever else is among the candidates, so a
+        # row draws the same token from its few candidates as from the whole vocabulary (the
+        # batch decides which), and a seeded row's tokens do not depend on its batch-mates.
+        weights = exp_from_max(values)
+        token_ids = draw(weights, [s.generator for s in states], skip=greedy)
+        if ids is not None:
+            token_ids = ids.gather(1, token_ids[:, None]).squeeze(1)
         if any(greedy):
             is_greedy = torch.tensor(greedy, device=logits.device)
-            token_ids = torch.where(is_greedy, logits.argmax(dim=-1), token_ids)
+            token_ids = torch.where(is_greedy, argmax_rows(logits), token_ids)
     return _with_logprobs(raw, token_ids, params)
 
 
@@ -278,33 +291,52 @@ def _penalize(logits: Tensor, states: Sequence[SamplerState]) -> Tensor:
     )
 
 
-def _filter(logits: Tensor, params: list[SamplingParams]) -> Tensor:
-    """Temperature, top-k, top-p, min-p on (B, V) logits, skipping what no row asks for."""
+def _filter(logits: Tensor, params: list[SamplingParams]) -> tuple[Tensor, Tensor | None]:
+    """Temperature, top-k, top-p, min-p on (B, V) logits, skipping what no row asks for.
+
+    Returns the filtered logits of each row's candidates and their token ids (B, N); ids None
+    where N = V, the whole row. Where every sampled row keeps only a few tokens, those few alone
+    are filtered and drawn from (as llama.cpp does): top-k's k, or the few (TOP_P_FIRST) that
+    top-p's nucleus nearly always lies among.
+    """
+    sampled = [p for p in params if not p.is_greedy]
     top_k = [max(p.top_k, 0) for p in params]
     max_k = max(top_k)
-    if 0 < max_k < logits.shape[-1] and all(
-        k > 0 for k, p in zip(top_k, params) if not p.is_greedy
-    ):
-        # Every sampled row keeps at most max_k tokens: filter those few instead of all V
-        # (as llama.cpp does), so top-p sorts max_k values rather than the whole vocabulary.
-        values, ids = logits.topk(max_k, dim=-1)  # (B, max_k)
-        kept = _filter_rows(values, params, top_k, max_k)
-        return torch.full_like(logits, NEG_INF).scatter_(1, ids, kept)
-    return _filter_rows(logits, params, top_k, max_k)
+    vocab_size = logits.shape[-1]
+    if 0 < max_k < vocab_size and all(p.top_k > 0 for p in sampled):
+        values, ids = top_candidates(logits, max_k)  # (B, max_k): temperature keeps the order
+        return _filter_rows(values, params, top_k, max_k), ids
+    if max_k == 0 and all(p.top_p < 1.0 for p in sampled):
+        tempered = _temper(logits, params)
+        nucleus = top_p_candidates(tempered, _row_values([p.top_p for p in params], logits))
+        if nucleus is not None:
+            values, ids = nucleus
+            return _min_p(values, params), ids
+        # else some row is flat enough that its nucleus is sorted out of the whole vocabulary
+    return _filter_rows(logits, params, top_k, max_k), None
 
 
 def _filter_rows(
     logits: Tensor, params: list[SamplingParams], top_k: list[int], max_k: int
 ) -> Tensor:
     """The filters in order on logits (B, N), N = V or the max_k candidates; all order-agnostic."""
-    if any(not p.is_greedy and p.temperature != 1.0 for p in params):
-        temperature = [0.0 if p.is_greedy else p.temperature for p in params]
-        logits = apply_temperature(logits, _row_values(temperature, logits))
+    logits = _temper(logits, params)
     if max_k > 0:
         top_k_tensor = torch.tensor(top_k, dtype=torch.long, device=logits.device)
         logits = top_k_mask(logits, top_k_tensor, max_k)
     if any(p.top_p < 1.0 for p in params):
         logits = top_p_mask(logits, _row_values([p.top_p for p in params], logits))
+    return _min_p(logits, params)
+
+
+def _temper(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    if any(not p.is_greedy and p.temperature != 1.0 for p in params):
+        temperature = [0.0 if p.is_greedy else p.temperature for p in params]
+        logits = apply_temperature(logits, _row_values(temperature, logits))
+    return logits
+
+
+def _min_p(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     if any(p.min_p > 0.0 for p in params):
         logits = min_p_mask(logits, _row_values([p.min_p for p in params], logits))
     return logits

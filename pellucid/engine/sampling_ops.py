@@ -1,19 +1,34 @@
 """The sampler's stages as pure functions on a batch of logits (B, V), one parameter per row:
 penalties, temperature, top-k, top-p, min-p, and the draw. sampler.py applies them in order,
-only to the rows whose params ask for each.
+only to the rows whose params ask for each. Each stage also takes a row's candidates alone (B, N)
+(its likeliest N, found by `top_candidates`): with a large vocabulary, a pass over the whole row
+costs more than the sampling itself.
 """
 
+import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 NEG_INF = float("-inf")
-# Tokens top-p looks at first: a trained model's nucleus nearly always lies among them, and
-# their top-k is far cheaper than sorting a whole vocabulary every step, which made sampled
-# decoding much slower than greedy (benchmarks/results/comments.md). Where a row's nucleus is
-# larger (a flat distribution), the whole row is sorted, as before.
-TOP_P_FIRST = 256
+# Tokens top-p looks at first, then next: a trained model's nucleus nearly always lies among
+# them (at temperature 0.2, among its first few), and their top-k is far cheaper than sorting a
+# whole vocabulary every step, which made sampled decoding much slower than greedy
+# (benchmarks/results/comments.md). Where a row's nucleus is larger (a flat distribution), the
+# whole row is sorted.
+TOP_P_FIRST = (32, 256)
+# A row's largest values are found chunk by chunk: each chunk's maximum is a vectorized
+# reduction, where torch's argmax and topk walk a row one element at a time (over Gemma 3's
+# 262,144 logits they took longer than the rest of the sampler: benchmarks/results/comments.md).
+# The first of these sizes that divides the vocabulary.
+CHUNK_SIZES = (256, 128, 64)
+# Below this, exp leaves float32's normal range (e^-87.3 is its smallest normal number, 1.2e-38):
+# a CPU takes tens of times longer over subnormal results (most of a row at temperature 0.2),
+# whose weight next to the row's largest, e^0 = 1, is nil anyway.
+EXP_FLOOR = -87.0
+FLOOR_WEIGHT = math.exp(EXP_FLOOR)
 
 
 def apply_penalties(
@@ -45,6 +60,56 @@ def apply_temperature(logits: Tensor, temperature: Tensor) -> Tensor:
     return logits / t[:, None]
 
 
+def _chunked(logits: Tensor, k: int) -> Tensor | None:
+    """logits (B, V) as chunks (B, V / size, size), where a size of CHUNK_SIZES divides V into at
+    least 4k chunks (so that k of them are a quarter of the row or less); else None."""
+    for size in CHUNK_SIZES:
+        if logits.shape[-1] % size == 0 and logits.shape[-1] // size >= 4 * k:
+            return logits.reshape(logits.shape[0], -1, size)
+    return None
+
+
+def argmax_rows(logits: Tensor) -> Tensor:
+    """Each row's index of its largest value (B,), the first of equals: logits.argmax(-1)."""
+    chunks = _chunked(logits, 16)
+    if chunks is None:
+        return logits.argmax(dim=-1)
+    best = chunks.amax(dim=-1).argmax(dim=-1)  # (B,) the first chunk holding the row's largest
+    rows = torch.arange(len(best), device=logits.device)
+    return best * chunks.shape[-1] + chunks[rows, best].argmax(dim=-1)
+
+
+def top_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Each row's k largest logits, descending, and their token ids (B, k): logits.topk(k).
+
+    They lie in the k chunks with the largest maxima: those hold k values at or above the k-th
+    of those maxima (their own), and no other chunk holds a value above it. So only those
+    chunks are ranked. (Values equal to that k-th maximum may come from other chunks than
+    topk's, which leaves the ids of equal values in no set order either.)
+    """
+    chunks = _chunked(logits, k)
+    if chunks is None:
+        return logits.topk(k, dim=-1)
+    rows, _, size = chunks.shape
+    picked = chunks.amax(dim=-1).topk(k, dim=-1).indices  # (B, k) chunk numbers
+    within = chunks.gather(1, picked[..., None].expand(rows, k, size)).view(rows, k * size)
+    values, at = within.topk(k, dim=-1)  # (B, k) places in `within`
+    return values, picked.gather(1, at // size) * size + at % size
+
+
+def exp_from_max(logits: Tensor) -> Tensor:
+    """exp(logits - each row's largest) (B, N), 0 below EXP_FLOOR: the row's probabilities times
+    a constant, its largest 1. (A row of -inf alone gives NaN.)"""
+    shifted = (logits - logits.amax(dim=-1, keepdim=True)).clamp_(min=EXP_FLOOR)
+    return F.threshold_(shifted.exp_(), FLOOR_WEIGHT, 0.0)  # exp(EXP_FLOOR) itself to 0
+
+
+def logsumexp_rows(logits: Tensor) -> Tensor:
+    """log(sum(exp(logits))) of each row (B, 1), as torch.logsumexp, without its subnormals."""
+    largest = logits.amax(dim=-1, keepdim=True)
+    return largest + exp_from_max(logits).sum(dim=-1, keepdim=True).log()
+
+
 def top_k_mask(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tensor:
     """Keep row i's top_k[i] largest logits, -inf elsewhere; top_k <= 0 keeps all. logits (B, V).
 
@@ -70,14 +135,10 @@ def top_p_mask(logits: Tensor, top_p: Tensor) -> Tensor:
     The most likely token always stays: a top_p too small for float32 (5e-324 is 0.0 there)
     would otherwise drop it too and leave nothing to sample.
     """
-    if logits.shape[-1] > TOP_P_FIRST:
-        values, order = logits.topk(TOP_P_FIRST, dim=-1)  # (B, k), descending
-        probs = (values - logits.logsumexp(dim=-1, keepdim=True)).exp()
-        mass_before = probs.cumsum(dim=-1) - probs
-        # every row's nucleus ends within the first k (its k-th token is already out: so is
-        # every token after it), or the row keeps all
-        if bool(((mass_before[:, -1] >= top_p) | (top_p >= 1)).all()):
-            return _drop_past_nucleus(logits, mass_before, order, top_p, keep=False)
+    first = _nucleus_among_first(logits, top_p)
+    if first is not None:
+        _, order, mass_before = first
+        return _drop_past_nucleus(logits, mass_before, order, top_p, keep=False)
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
@@ -89,12 +150,51 @@ def _drop_past_nucleus(
 ) -> Tensor:
     """-inf where the tokens ranked by `order` (B, n) have mass_before >= top_p (top_p < 1 only,
     the first always kept); tokens past the n ranked ones are kept or dropped by `keep`."""
-    drop_ranked = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
-    drop_ranked[:, 0] = False
     drop = torch.full_like(logits, not keep, dtype=torch.bool)
     drop[top_p >= 1] = False
-    drop.scatter_(1, order, drop_ranked)  # back to vocabulary order
+    drop.scatter_(1, order, _past_nucleus(mass_before, top_p))  # back to vocabulary order
     return logits.masked_fill(drop, NEG_INF)
+
+
+def top_p_candidates(logits: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Top-p on each row's likeliest few alone (TOP_P_FIRST): their logits, -inf past the
+    nucleus, and their ids (B, n); None where a row's nucleus lies deeper. A row with top_p >= 1
+    keeps only these candidates: the caller samples from none."""
+    first = _nucleus_among_first(logits, top_p)
+    if first is None:
+        return None
+    values, ids, mass_before = first
+    return values.masked_fill(_past_nucleus(mass_before, top_p), NEG_INF), ids
+
+
+def _nucleus_among_first(logits: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The fewest of TOP_P_FIRST that every row's nucleus lies among: their logits, descending,
+    their ids, and for each the probability of the tokens ranked above it (B, n); None where no
+    such number is below the vocabulary's size."""
+    total = None  # each row's log of its sum of exp, over the whole row
+    for n in TOP_P_FIRST:
+        if n >= logits.shape[-1]:
+            return None
+        values, ids = top_candidates(logits, n)
+        total = logsumexp_rows(logits) if total is None else total
+        probs = (values - total).exp()
+        mass_before = probs.cumsum(dim=-1) - probs
+        if _nucleus_within(mass_before, top_p):
+            return values, ids, mass_before
+    return None
+
+
+def _nucleus_within(mass_before: Tensor, top_p: Tensor) -> bool:
+    """Every row's nucleus ends among its ranked tokens (its last is already out: so is every
+    token after it), or the row keeps all."""
+    return bool(((mass_before[:, -1] >= top_p) | (top_p >= 1)).all())
+
+
+def _past_nucleus(mass_before: Tensor, top_p: Tensor) -> Tensor:
+    """(B, n) bool: ranked tokens past each row's nucleus, where top_p < 1; never the first."""
+    drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+    drop[:, 0] = False
+    return drop
 
 
 def min_p_mask(logits: Tensor, min_p: Tensor) -> Tensor:
@@ -107,24 +207,59 @@ def min_p_mask(logits: Tensor, min_p: Tensor) -> Tensor:
     return logits.masked_fill(logits < threshold, NEG_INF)
 
 
-def exponential_race(
-    probs: Tensor, generators: Sequence[torch.Generator | None], skip: Sequence[bool] | None = None
+def draw(
+    weights: Tensor,
+    generators: Sequence[torch.Generator | None],
+    skip: Sequence[bool] | None = None,
 ) -> Tensor:
-    """Draw one token per row of probs (B, V), without a device sync.
+    """One index per row of weights (B, N) (>= 0; probabilities, or any multiple of them): j with
+    probability weights[i, j] / sum(weights[i]).
 
-    With E_i ~ Exp(1), E_i / p_i ~ Exp(rate p_i), and the smallest of independent exponentials
-    is i with probability p_i / sum(p): so argmax(p / E) is a draw from p (gpt-fast, vLLM).
-    Row i's noise comes from generators[i] alone (None: torch's default generator), so a seeded
-    row draws the same tokens whatever else is in the batch. Rows in `skip` draw nothing.
+    Where the row's running sum first passes one uniform number in [0, sum): one random number
+    a row a draw, where a race of exponentials (argmax of p / E, gpt-fast and vLLM) needs N of
+    them, and making 262,144 of them and their logarithms took longer than the rest of sampling.
+    Row i's number comes from generators[i] alone (None: torch's default generator), so a
+    seeded row draws the same tokens whatever else is in the batch. Rows in `skip` draw nothing
+    (their index is 0 or any other).
     """
     skip = skip or [False] * len(generators)
-    uniform = torch.empty_like(probs)
+    uniform = torch.zeros(len(generators), dtype=torch.float64, device=weights.device)
     if any(g is None and not s for g, s in zip(generators, skip)):
         uniform.uniform_()  # one call for every unseeded row; seeded rows are overwritten next
     for row, (generator, skipped) in enumerate(zip(generators, skip)):
         if generator is not None and not skipped:
-            uniform[row].uniform_(generator=generator)
-    # -log(U) ~ Exp(1), and several times faster on CPU than exponential_(). U < 1 keeps the noise
-    # > 0, so a masked token scores 0 / noise = 0 and can never win (no 0 / 0 = NaN).
-    noise = uniform.log_().neg_()
-    return (probs / noise).argmax(dim=-1)
+            uniform[row : row + 1].uniform_(generator=generator)
+    return inverse_cdf(weights, uniform)
+
+
+def inverse_cdf(weights: Tensor, uniform: Tensor) -> Tensor:
+    """For each row of weights (B, N), the index where its running sum first passes uniform[i]
+    (in [0, 1), (B,)) times the row's sum: never a token of weight 0.
+
+    A long row (a whole vocabulary) in two steps, so that no running sum runs over all of it:
+    the chunk where the sums of its chunks pass that number, then the place within that chunk
+    where its own weights pass what is left (the same number's place within the chunk, a
+    uniform number in [0, 1) of its own).
+    """
+    chunks = _chunked(weights, 1)
+    if chunks is None:
+        return _pick(weights, uniform)[0]
+    rows = torch.arange(len(uniform), device=weights.device)
+    chunk, within = _pick(chunks.sum(dim=-1), uniform)  # float32 sums of 256: float64 copied all
+    return chunk * chunks.shape[-1] + _pick(chunks[rows, chunk], within)[0]
+
+
+def _pick(weights: Tensor, uniform: Tensor) -> tuple[Tensor, Tensor]:
+    """inverse_cdf over whole rows: the index (B,), and where the target lay within its weight
+    (B,), in [0, 1)."""
+    running = weights.double().cumsum(dim=-1)  # (B, N): float64, so a long tail adds up
+    total = running[:, -1:]
+    # below the total however u * total rounds: the first sum past it then ends at a weight > 0
+    target = torch.minimum(
+        uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
+    )
+    chosen = torch.searchsorted(running, target, right=True)
+    chosen.clamp_(max=weights.shape[-1] - 1)  # a skipped row's NaN sums stay in range
+    weight = weights.gather(1, chosen).double()
+    within = 1 - (running.gather(1, chosen) - target) / weight
+    return chosen.squeeze(1), within.squeeze(1).clamp_(0.0, 1 - 2**-53).nan_to_num_(0.0)
