@@ -1,6 +1,7 @@
 """Latency of one request: load time, pre-fill tok/s of a 512-token prompt, decode tok/s for
-128 tokens (plain decoding: no speculative drafts), peak RSS. Prints median/min/max over
-repeats; the last line is one JSON object.
+128 tokens (plain decoding: no speculative drafts), greedy and with the model's recommended
+sampling (temperature, top-k, top-p: what a server or chat gives a request that sets none), peak
+RSS. Prints median/min/max over repeats; the last line is one JSON object.
 
     .venv/bin/python benchmarks/latency.py [--model smollm2-135m] [--dtype int4|float32]
         [--compile] [--repeats 5] [--rounds 2] [--no-hf] [--no-llama-cpp]
@@ -73,6 +74,7 @@ def main() -> None:
                     "short": out["short_ids"],
                     "path": str(path),
                     "threads": torch.get_num_threads(),
+                    "sampling": out["sampling"],
                 }
             if out:
                 done.append(out)
@@ -83,7 +85,10 @@ def main() -> None:
         "rounds": args.rounds,
         **pooled(runs["pellucid"]),
     }
-    result["workload"] = f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens"
+    result["workload"] = (
+        f"{len(ids['prompt'])}-token prompt; {args.decode_tokens} greedy tokens, and "
+        f"{args.decode_tokens} sampled after the short prompt ({ids['sampling']})"
+    )
     for key in KEYS:
         s = result[key]
         print(f"{key:28s} median {s['median']:8.1f}  min {s['min']:8.1f}  max {s['max']:8.1f}")
@@ -110,7 +115,14 @@ def main() -> None:
     save(f"latency{mode}", result)
 
 
-KEYS = ("prefill_tok_s", "decode_tok_s_short_context", "decode_tok_s_after_512")
+KEYS = (
+    "prefill_tok_s",
+    "decode_tok_s_short_context",
+    "decode_tok_s_after_512",
+    "decode_tok_s_sampled",
+)
+# the model's recommended sampling where it sets these, else each one off
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
 def pooled(outs: list[dict]) -> dict[str, object]:
@@ -176,11 +188,16 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
         out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))[0]
         return out.timings.prefill_tokens_per_s
 
-    def decode(ids: list[int]) -> float:
+    sampling = {k: llm.sampling_defaults.get(k, off) for k, off in SAMPLING.items()}
+
+    def decode(ids: list[int], **sampled: float) -> float:
         # Without drafts: plain decoding against the peers' (a greedy reply that loops would
         # be guessed, which benchmarks/speculative.py measures on its own)
         params = SamplingParams(
-            temperature=0, max_tokens=args.decode_tokens, ignore_eos=True, speculative=False
+            **(sampled or {"temperature": 0}),
+            max_tokens=args.decode_tokens,
+            ignore_eos=True,
+            speculative=False,
         )
         return llm.generate(ids, params)[0].timings.decode_tokens_per_s
 
@@ -194,6 +211,8 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
         "prefill_tok_s": repeat(prefill, args.repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), args.repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), args.repeats),
+        "decode_tok_s_sampled": repeat(lambda: decode(short, **sampling), args.repeats),
+        "sampling": sampling,
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "prompt_ids": prompt,
         "short_ids": short,
@@ -224,10 +243,13 @@ def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] 
         model.eval(prompt)
         return len(prompt) / (time.perf_counter() - start)
 
-    def decode(ids: list[int]) -> float:
+    def decode(ids: list[int], **sampled: float) -> float:
         model.reset()
         first = None
-        for i, _ in enumerate(model.generate(ids, temp=0.0), 1):
+        # its generate's defaults filter (top_k 40, top_p 0.95, min_p 0.05): each set here
+        settings = {**SAMPLING, "temperature": 0.0, **sampled}
+        kwargs = {"temp": settings.pop("temperature"), **settings, "repeat_penalty": 1.0}
+        for i, _ in enumerate(model.generate(ids, **kwargs), 1):
             if i == 1:
                 first = time.perf_counter()
             if i == n:
@@ -242,6 +264,7 @@ def measure_llama_cpp(args: argparse.Namespace, ids: dict) -> dict[str, object] 
         "prefill_tok_s": repeat(prefill, repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), repeats),
+        "decode_tok_s_sampled": repeat(lambda: decode(short, **ids["sampling"]), repeats),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
@@ -257,15 +280,16 @@ def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
         return None
     load_s = time.perf_counter() - start
 
-    def generate_s(ids: list[int], new: int) -> float:
+    def generate_s(ids: list[int], new: int, **sampled: float) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
             model.generate(
                 torch.tensor([ids]),
                 max_new_tokens=new,
                 min_new_tokens=new,
-                do_sample=False,
+                do_sample=bool(sampled),
                 pad_token_id=0,
+                **sampled,
             )
         return time.perf_counter() - start
 
@@ -275,8 +299,8 @@ def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
             model(torch.tensor([prompt]))
         return len(prompt) / (time.perf_counter() - start)
 
-    def decode(ids: list[int]) -> float:
-        return (n - 1) / (generate_s(ids, n) - generate_s(ids, 1))
+    def decode(ids: list[int], **sampled: float) -> float:
+        return (n - 1) / (generate_s(ids, n, **sampled) - generate_s(ids, 1, **sampled))
 
     prefill()  # warm-up
     return {
@@ -284,6 +308,7 @@ def measure_hf(args: argparse.Namespace, ids: dict) -> dict[str, object] | None:
         "prefill_tok_s": repeat(prefill, repeats),
         "decode_tok_s_short_context": repeat(lambda: decode(short), repeats),
         "decode_tok_s_after_512": repeat(lambda: decode(prompt), repeats),
+        "decode_tok_s_sampled": repeat(lambda: decode(short, **ids["sampling"]), repeats),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
 
