@@ -466,6 +466,20 @@ def test_logprobs_come_from_the_raw_distribution():
     assert sample(logits, [SamplerState(SamplingParams(), [], 20)] * 3).logprobs is None
 
 
+def test_logprobs_over_a_large_vocabulary_are_float64s():
+    """Over Gemma 3's 262,144 logits the logprobs are log_softmax's in float64 to 1e-5 (torch's
+    float32 log_softmax errs by ~5e-5 there), and the top ones its ranking."""
+    logits = torch.randn(2, 262_144, generator=torch.Generator().manual_seed(11)) * 4
+    states = [SamplerState(SamplingParams(logprobs=5, temperature=0), [], 262_144)] * 2
+    out = sample(logits, states)
+    exact = torch.log_softmax(logits.double(), dim=-1)
+    top = exact.topk(5)
+    assert out.top_token_ids.tolist() == top.indices.tolist()
+    torch.testing.assert_close(out.top_logprobs.double(), top.values, rtol=0, atol=1e-5)
+    chosen = exact.gather(1, out.token_ids[:, None]).squeeze(1)
+    torch.testing.assert_close(out.logprobs.double(), chosen, rtol=0, atol=1e-5)
+
+
 def test_wrong_vocab_or_prompt_ids_raise_value_error():
     penalized = SamplingParams(repetition_penalty=1.2)
     with pytest.raises(ValueError, match="vocab"):

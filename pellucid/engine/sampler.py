@@ -22,6 +22,7 @@ from pellucid.engine.sampling_ops import (
     argmax_rows,
     draw,
     exp_from_max,
+    logsumexp_rows,
     min_p_mask,
     top_candidates,
     top_k_mask,
@@ -346,10 +347,11 @@ def _with_logprobs(raw: Tensor, token_ids: Tensor, params: list[SamplingParams])
     asked = [p.logprobs for p in params if p.logprobs is not None]
     if not asked:
         return SamplerOutput(token_ids)
-    logprobs = torch.log_softmax(raw, dim=-1)  # (B, V), the raw model distribution
-    chosen = logprobs.gather(1, token_ids[:, None]).squeeze(1)  # (B,)
-    top = logprobs.topk(min(max(asked), raw.shape[-1]), dim=-1)  # (B, n)
-    return SamplerOutput(token_ids, chosen, top.indices, top.values)
+    # of the raw model distribution: log_softmax(raw), at the chosen and the likeliest n only
+    total = logsumexp_rows(raw)  # (B, 1)
+    chosen = (raw.gather(1, token_ids[:, None]) - total).squeeze(1)  # (B,)
+    values, ids = top_candidates(raw, min(max(asked), raw.shape[-1]))  # (B, n)
+    return SamplerOutput(token_ids, chosen, ids, values - total)
 
 
 def _row_values(values: list[float], like: Tensor) -> Tensor:
