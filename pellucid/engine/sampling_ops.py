@@ -25,8 +25,8 @@ TOP_P_FIRST = (32, 256)
 # The first of these sizes that divides the vocabulary.
 CHUNK_SIZES = (256, 128, 64)
 # Below this, exp leaves float32's normal range (e^-87.3 is its smallest normal number, 1.2e-38):
-# a CPU takes tens of times longer over subnormal results (most of a row at temperature 0.2),
-# whose weight next to the row's largest, e^0 = 1, is nil anyway.
+# a CPU takes far longer over subnormal results (benchmarks/results/comments.md), which are
+# most of a row at temperature 0.2, and whose weight next to the row's largest, e^0 = 1, is nil.
 EXP_FLOOR = -87.0
 FLOOR_WEIGHT = math.exp(EXP_FLOOR)
 
