@@ -13,6 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+# Sampled workloads: the model's recommended sampling where it sets these (pellucid's
+# `LLM.sampling_defaults`, what its server uses), else each one off, given alike to every engine
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 # A model measured without a decode step compiled ahead is measured eagerly, as reported: no
 # build of one in the background (pellucid/engine/aot_build.py) beside the measurement
 os.environ.setdefault("PELLUCID_BUILD_AHEAD", "0")
@@ -151,3 +154,8 @@ def hf_peer(model_path: str | Path):
     except Exception as e:  # noqa: BLE001 - a missing peer is reported, not fatal
         print(f"transformers peer skipped: {type(e).__name__}: {e}", file=sys.stderr)
         return None
+
+
+def recommended_sampling(defaults: dict[str, float]) -> dict[str, float]:
+    """SAMPLING's settings as a model's recommended ones (`LLM.sampling_defaults`) set them."""
+    return {k: defaults.get(k, off) for k, off in SAMPLING.items()}

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import llama_cpp_batch
-from common import hf_peer, peak_rss_mib, repeat, save, summarize
+from common import SAMPLING, hf_peer, peak_rss_mib, recommended_sampling, repeat, save, summarize
 
 # torch and pellucid are imported where pellucid and transformers are measured, not at the top:
 # the llama.cpp peer's process would otherwise carry torch's ~200 MiB in its peak RSS.
@@ -121,8 +121,6 @@ KEYS = (
     "decode_tok_s_after_512",
     "decode_tok_s_sampled",
 )
-# the model's recommended sampling where it sets these, else each one off
-SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
 def pooled(outs: list[dict]) -> dict[str, object]:
@@ -188,7 +186,7 @@ def measure_pellucid(args: argparse.Namespace, _ids: dict | None) -> dict[str, o
         out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))[0]
         return out.timings.prefill_tokens_per_s
 
-    sampling = {k: llm.sampling_defaults.get(k, off) for k, off in SAMPLING.items()}
+    sampling = recommended_sampling(llm.sampling_defaults)
 
     def decode(ids: list[int], **sampled: float) -> float:
         # Without drafts: plain decoding against the peers' (a greedy reply that loops would

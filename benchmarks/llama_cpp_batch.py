@@ -1,6 +1,7 @@
 """llama.cpp as a peer for workloads its high-level `Llama` class does not run: many sequences at
 once (throughput.py), and decoding without a KV cache (kv_cache.py). Through llama-cpp-python's
-bindings of the C API, greedy (argmax of the logits).
+bindings of the C API, greedy (argmax of the logits), or sampled as llama.cpp's server samples:
+a sampler chain of its own for each sequence (temperature, top-k, top-p, min-p, then the draw).
 
 Many sequences share one context, as llama.cpp's own server batches them: `n_seq_max` = the
 number of sequences, each with its own stream of KV cells (not `kv_unified`: a unified cache makes
@@ -34,11 +35,19 @@ def available() -> bool:
 
 
 class LlamaCpp:
-    """One model and one context; `decode` runs a batch and returns the argmax of each row that
-    asked for logits."""
+    """One model and one context; `decode` runs a batch and returns the token of each row that
+    asked for logits: their argmax, or with `sampling` each sequence's draw."""
 
-    def __init__(self, path: str | Path, seq_len: int, n_seqs: int, threads: int):
-        """seq_len: the most tokens any one sequence holds (prompt and generated)."""
+    def __init__(
+        self,
+        path: str | Path,
+        seq_len: int,
+        n_seqs: int,
+        threads: int,
+        sampling: dict[str, float] | None = None,
+    ):
+        """seq_len: the most tokens any one sequence holds (prompt and generated); sampling:
+        temperature, top_k, top_p and min_p (0, 0, 1 and 0 leave a stage out), None greedy."""
         import llama_cpp as lc
         from llama_cpp._utils import suppress_stdout_stderr
 
@@ -58,6 +67,24 @@ class LlamaCpp:
             self.ctx = lc.llama_init_from_model(self.model, params)
         self.vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         self.batch = lc.llama_batch_init(N_BATCH, 0, 1)
+        self.samplers = (
+            [self._sampler(sampling, seed) for seed in range(n_seqs)] if sampling else []
+        )
+
+    def _sampler(self, sampling: dict[str, float], seed: int):
+        """A chain in pellucid's order: temperature, top-k, top-p, min-p, the draw."""
+        lc = self.lc
+        chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        stages = [lc.llama_sampler_init_temp(sampling["temperature"])]
+        if sampling["top_k"] > 0:
+            stages.append(lc.llama_sampler_init_top_k(int(sampling["top_k"])))
+        if sampling["top_p"] < 1.0:
+            stages.append(lc.llama_sampler_init_top_p(sampling["top_p"], 1))
+        if sampling["min_p"] > 0.0:
+            stages.append(lc.llama_sampler_init_min_p(sampling["min_p"], 1))
+        for stage in [*stages, lc.llama_sampler_init_dist(seed)]:
+            lc.llama_sampler_chain_add(chain, stage)
+        return chain
 
     def decode(self, entries: list[tuple[int, int, int, bool]]) -> dict[int, int]:
         """entries: (token, position, sequence, wants logits) -> {sequence: its argmax}."""
@@ -70,7 +97,9 @@ class LlamaCpp:
             raise RuntimeError("llama_decode failed")
         picks = {}
         for i, (_, _, seq, logits) in enumerate(entries):
-            if logits:
+            if logits and self.samplers:
+                picks[seq] = self.lc.llama_sampler_sample(self.samplers[seq], self.ctx, i)
+            elif logits:
                 row = np.ctypeslib.as_array(
                     self.lc.llama_get_logits_ith(self.ctx, i), shape=(self.vocab,)
                 )
@@ -86,8 +115,8 @@ class LlamaCpp:
     def generate(
         self, prompts: list[list[int]], max_tokens: list[int]
     ) -> tuple[list[list[int]], float]:
-        """Generate max_tokens[i] greedy tokens after each prompt, all at once, from an empty
-        cache: the tokens, and the seconds they took (pre-fill included)."""
+        """Generate max_tokens[i] tokens (greedy, or sampled) after each prompt, all at once,
+        from an empty cache: the tokens, and the seconds they took (pre-fill included)."""
         self.clear()
         start = time.perf_counter()
         out: list[list[int]] = [[] for _ in prompts]
@@ -115,6 +144,8 @@ class LlamaCpp:
 
     def close(self) -> None:
         with self.quiet(disable=False):
+            for chain in self.samplers:
+                self.lc.llama_sampler_free(chain)
             self.lc.llama_batch_free(self.batch)
             self.lc.llama_free(self.ctx)
             self.lc.llama_model_free(self.model)

@@ -4,11 +4,13 @@ the batch, one `llama_decode` per step; see llama_cpp_batch.py).
 
     .venv/bin/python benchmarks/throughput.py [--model smollm2-135m] [--dtype int4|float32]
         [--compile] [--seqs 1 8 32] [--prompt-tokens 16 24] [--max-tokens 128]
-        [--repeats 3] [--rounds 2] [--no-llama-cpp]
+        [--repeats 3] [--rounds 2] [--no-llama-cpp] [--sampled]
 
 The workload is the issue's: each request a prompt of 16-24 random token ids and 128 greedy
 new tokens (EOS ignored), all submitted together; the figure is output tokens per second of wall
-time, pre-fill included. Each engine runs in a process of its own (so each peak RSS is its own:
+time, pre-fill included. With --sampled each request samples with the model's recommended
+sampling (what a server gives a request that sets none), llama.cpp's sequences each through a
+sampler chain of their own with the same settings. Each engine runs in a process of its own (so each peak RSS is its own:
 the process's peak, reached at the largest batch), and the engines take turns (--rounds).
 Prints median/min/max per batch size, each batch's ratio to its own single stream and to
 llama.cpp; the last line is one JSON object.
@@ -27,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script from anywhere
 
 import llama_cpp_batch
-from common import peak_rss_mib, save, summarize
+from common import peak_rss_mib, recommended_sampling, save, summarize
 
 # torch and pellucid are imported in pellucid's process only: llama.cpp's process would
 # otherwise carry torch's ~200 MiB in its peak RSS.
@@ -51,6 +53,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="times the engines take turns")
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
+    ap.add_argument("--sampled", action="store_true", help="the model's recommended sampling")
+    ap.add_argument("--sampling", help=argparse.SUPPRESS)  # internal: pellucid's, for llama.cpp
     ap.add_argument("--engine", help=argparse.SUPPRESS)  # internal: measure one engine
     ap.add_argument("--path", help=argparse.SUPPRESS)  # internal: the GGUF, for llama.cpp
     ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)  # internal: for llama.cpp
@@ -76,20 +80,23 @@ def main() -> None:
         for engine in engines:
             if (out := in_subprocess(engine, peer_args)) is not None:
                 runs[engine].append(out)
+            if engine == "pellucid" and args.sampled and "--sampling" not in peer_args:
+                peer_args += ["--sampling", json.dumps(out["sampling"])]
     result: dict[str, object] = {
         "model": args.model,
         "dtype": args.dtype,
         "compile": args.compile,
         "rounds": args.rounds,
         "workload": f"n requests of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} random "
-        f"prompt ids and {args.max_tokens} greedy new tokens each, all submitted at once; "
-        "output tokens per second of wall time, pre-fill included",
+        f"prompt ids and {args.max_tokens} new tokens each, "
+        + (f"sampled ({runs['pellucid'][0]['sampling']})" if args.sampled else "greedy")
+        + ", all submitted at once; output tokens per second of wall time, pre-fill included",
     }
     for engine, outs in runs.items():
         if outs:
             result[engine] = pooled(outs, args.seqs)
     report(result, args.seqs)
-    save("throughput", result)
+    save("throughput-sampled" if args.sampled else "throughput", result)
 
 
 def in_subprocess(engine: str, extra: list[str]) -> dict | None:
@@ -150,11 +157,15 @@ def measure_pellucid(args: argparse.Namespace) -> dict[str, object]:
         engine=EngineConfig(enable_prefix_caching=False, compile=args.compile),
     )
     engine = llm.engine
+    sampling = recommended_sampling(llm.sampling_defaults)
 
     def run(prompts: list[list[int]], max_tokens: int) -> float:
         # plain decoding, as the peers' (drafts: benchmarks/speculative.py)
         params = SamplingParams(
-            temperature=0, max_tokens=max_tokens, ignore_eos=True, speculative=False
+            **(sampling if args.sampled else {"temperature": 0}),
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            speculative=False,
         )
         seqs = [engine.add_request(p, params) for p in prompts]
         start = time.perf_counter()
@@ -168,6 +179,7 @@ def measure_pellucid(args: argparse.Namespace) -> dict[str, object]:
         run(prompts, 4)  # warm-up (with --compile: the graph for this many rows)
         out[str(n)] = [run(prompts, args.max_tokens) for _ in range(args.repeats)]
     out["peak_rss_mib"] = round(peak_rss_mib(), 1)
+    out["sampling"] = sampling
     return out
 
 
@@ -179,7 +191,8 @@ def measure_llama_cpp(args: argparse.Namespace) -> dict[str, object]:
         prompts = workload(n, n, args.prompt_tokens)
         lengths = [args.max_tokens] * n
         seq_len = llama_cpp_batch.seq_len(prompts, lengths)
-        llama = llama_cpp_batch.LlamaCpp(args.path, seq_len, n, args.threads)
+        sampling = json.loads(args.sampling) if args.sampling else None
+        llama = llama_cpp_batch.LlamaCpp(args.path, seq_len, n, args.threads, sampling)
         try:
             llama.generate(prompts, [4] * n)  # warm-up
             out[str(n)] = [
