@@ -10,10 +10,10 @@ The workload is the issue's: each request a prompt of 16-24 random token ids and
 new tokens (EOS ignored), all submitted together; the figure is output tokens per second of wall
 time, pre-fill included. With --sampled each request samples with the model's recommended
 sampling (what a server gives a request that sets none), llama.cpp's sequences each through a
-sampler chain of their own with the same settings. Each engine runs in a process of its own (so each peak RSS is its own:
-the process's peak, reached at the largest batch), and the engines take turns (--rounds).
-Prints median/min/max per batch size, each batch's ratio to its own single stream and to
-llama.cpp; the last line is one JSON object.
+sampler chain of their own with the same settings. Each engine runs in a process of its own (so
+each peak RSS is its own: the process's peak, reached at the largest batch), and the engines
+take turns (--rounds). Prints median/min/max per batch size, each batch's ratio to its own
+single stream and to llama.cpp; the last line is one JSON object.
 """
 
 from __future__ import annotations
