@@ -50,8 +50,9 @@ def assembled_once(package: Any) -> Path:
     """The file a package joins from its parts (`assemble()`, into `default_output_path()`).
 
     assemble() joins them once, but at every later call reads the whole file again to check its
-    sha256 (Gemma 3's 250 MB at every load: benchmarks/results/comments.md). So it runs until it has passed once, and
-    later loads take the file while it keeps the size and time it had then (a stamp beside it).
+    sha256 (Gemma 3's 250 MB at every load: benchmarks/results/comments.md). So it runs until it
+    has passed once, and later loads take the file while it keeps the size and time it had then
+    (a stamp beside it).
     """
     target = Path(package.default_output_path())
     stamp = target.with_name(target.name + ".checked")
