@@ -1,4 +1,5 @@
-"""The int4 fast path: packing, the Q4_1 round trip, quality against float32, the packed cache."""
+"""The int4 fast path: packing (int4, int5, int8), the Q4_1 round trip, quality against float32,
+the packed cache."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pellucid.models.quant import (
     Int4DotLinear,
     Int4Head,
     Int4Linear,
+    Int5DotLinear,
     Int8Linear,
     PackedLinear,
     packed,
@@ -29,18 +31,21 @@ from pellucid.weights.gguf_file import GGUFFile
 NO_FBGEMM = "fbgemm does not run here (no AVX-512 VNNI, or no x86 quantized engine)"
 
 
-def _steps(w: torch.Tensor) -> torch.Tensor:
-    """The quantization step of each group of 32: (max - min) / 15, shaped (out, in/32, 1)."""
+def _steps(w: torch.Tensor, levels: int = 15) -> torch.Tensor:
+    """The quantization step of each group of 32: (max - min) / levels (15 for 4 bits, 31 for
+    5), shaped (out, in/32, 1)."""
     g = w.view(w.shape[0], -1, GROUP)
-    return ((g.amax(-1) - g.amin(-1)) / 15)[..., None]
+    return ((g.amax(-1) - g.amin(-1)) / levels)[..., None]
 
 
 NO_KERNEL = "pellucid's C kernels could not be built (no C compiler)"
-# torch's int4 packing (where ATen has a vectorized int4 kernel) and rowdot's (where the kernels
-# build); rowdot's layout is the fast path only on AVX2, but it is tested wherever it runs
+# torch's int4 packing (where ATen has a vectorized int4 kernel) and rowdot's, int4 and int5
+# (where the kernels build); rowdot's layouts are the fast path only on AVX2 and AVX-512 VNNI,
+# but they are tested wherever they run
 INT4_LAYERS = [
     pytest.param(Int4Linear, marks=pytest.mark.skipif(quant.channel_block() is None, reason="no int4 kernel in ATen")),
     pytest.param(Int4DotLinear, marks=pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)),
+    pytest.param(Int5DotLinear, marks=pytest.mark.skipif(kernels.library() is None, reason=NO_KERNEL)),
 ]  # fmt: skip
 
 
@@ -49,9 +54,13 @@ def test_int4_linear_rounds_each_weight_to_its_group_grid(int4):
     torch.manual_seed(0)
     w = torch.randn(128, 96) * 0.05
     layer = int4.from_weight(w)
+    levels = 31 if int4 is Int5DotLinear else 15
     err = (layer.dequantize().float() - w).view(128, -1, GROUP).abs()
-    assert (err <= _steps(w) * 0.5 + 2e-3).all()  # half a step, plus bf16 rounding
+    assert (err <= _steps(w, levels) * 0.5 + 2e-3).all()  # half a step, plus bf16 rounding
     assert err.max() > 1e-3  # 4 bits really lost something: it is not a float copy
+    if isinstance(layer, Int4DotLinear):  # every integer of the grid is used (the 5th bit too)
+        used = layer.integers().unique()
+        assert torch.equal(used, torch.arange(levels + 1, dtype=torch.uint8))
 
 
 # 2 x rows in all: the int4 kernel up to UNPACK_ROWS (48), the matrix unpacked past that
@@ -84,11 +93,11 @@ def test_int8_linear_of_any_input_width_multiplies_by_its_dequantized_matrix(row
 def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):
     """unpack.c against `dequantize`, the same arithmetic in torch ops (which rounds to bf16
     after each step, where the kernel rounds once): int4 in torch's packing and in rowdot's,
-    int8 per channel."""
+    int5 in rowdot's, int8 per channel."""
     torch.manual_seed(3)
     w = torch.randn(192, 128) * 0.05
     shape = tuple(w.shape)
-    layers = [Int4DotLinear.from_weight(w)]
+    layers = [Int4DotLinear.from_weight(w), Int5DotLinear.from_weight(w)]
     if quant.channel_block() is not None:
         layers.append(Int4Linear.from_weight(w))
     for int4 in layers:
@@ -97,7 +106,8 @@ def test_the_unpacking_kernel_gives_the_dequantized_matrix(dtype):
                 int4.packed, int4.scales_zeros, shape, quant.channel_block(), GROUP, dtype
             )
         else:
-            got = unpack.int4_dot_dense(int4.packed, int4.params, shape, dtype)
+            high = getattr(int4, "high", None)
+            got = unpack.int4_dot_dense(int4.packed, int4.params, shape, dtype, high=high)
         want = int4.dequantize().float()
         assert got.shape == want.shape and got.dtype == dtype
         scale = want.abs().max().item()
@@ -126,16 +136,18 @@ def _rows_rounded_to_8_bits(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 3, 4, 9, 13])
 @pytest.mark.parametrize("channels", [48, 40])
 def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, channels):
-    """rowdot.c against torch: its int4 and int8 products equal the float products of the
+    """rowdot.c against torch: its int4, int5 and int8 products equal the float products of the
     rounded rows with the weights, up to float32 summation order; rounding the rows changes
     the product a little, and not at all for rows already on the int8 grid."""
     torch.manual_seed(4)
     x = torch.randn(rows, 160) * 3
     x[0, :32] = 0  # a group of zeros: a scale of 0, not a division by it
     int4 = Int4DotLinear.from_weight(torch.randn(channels, 160) * 0.05)
+    int5 = Int5DotLinear.from_weight(torch.randn(channels, 160) * 0.05)
     int8 = Int8Linear.from_weight(torch.randn(channels - 4, 160))
     matrices = [
         (rowdot.int4_rows_mm(x, int4.packed, int4.params), int4.unpacked(torch.float32)),
+        (rowdot.int5_rows_mm(x, int5.packed, int5.high, int5.params), int5.unpacked(torch.float32)),
         (rowdot.int8_rows_mm(x, int8.weight, int8.scales), int8.weight.float() * int8.scales.float()[:, None]),
     ]  # fmt: skip
     for got, w in matrices:
@@ -151,9 +163,11 @@ def test_integer_dot_products_are_those_of_the_rows_rounded_to_8_bits(rows, chan
     # each row's int8 product is the same bit for bit alone or beside others (the few-row
     # head's logits of a token and its guesses, engine/aot_decode.py)
     alone = [rowdot.int8_rows_mm(row[None], int8.weight, int8.scales) for row in x]
-    assert torch.equal(torch.cat(alone), matrices[1][0])
+    assert torch.equal(torch.cat(alone), matrices[2][0])
     # bf16 rows give bf16 out for int4 (the decoder's dtype), float32 for int8 (logits)
     assert rowdot.int4_rows_mm(x.bfloat16(), int4.packed, int4.params).dtype == torch.bfloat16
+    bf16_rows = rowdot.int5_rows_mm(x.bfloat16(), int5.packed, int5.high, int5.params)
+    assert bf16_rows.dtype == torch.bfloat16
     assert rowdot.int8_rows_mm(x.bfloat16(), int8.weight, int8.scales).dtype == torch.float32
 
 
@@ -172,6 +186,11 @@ def test_the_ops_built_in_cpp_give_what_the_python_implementation_gives():
         "int4_rows_mm", x, int4.packed, int4.params, rowdot._int4_out(x, int4.packed)
     )
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    int5 = Int5DotLinear.from_weight(torch.randn(40, 96) * 0.05)
+    got = torch.ops.pellucid.int5_rows_mm(x, int5.packed, int5.high, int5.params)
+    assert got.dtype == torch.bfloat16 and torch.equal(
+        got, rowdot._int5(x, int5.packed, int5.high, int5.params)
+    )
     got = torch.ops.pellucid.int8_rows_mm(x.t().contiguous().t(), int8.weight, int8.scales)
     want = rowdot._call(
         "int8_rows_mm", x, int8.weight, int8.scales, rowdot._int8_out(x, int8.weight)
@@ -342,11 +361,58 @@ def test_groups_on_a_grid_of_fewer_steps_come_back_on_it():
     assert isinstance(packed(w + torch.randn(128, 64) * 1e-3), Int8Linear)
 
 
+@pytest.mark.skipif(not rowdot.available(), reason="int5 is rowdot's layout (AVX2, AVX-512 VNNI)")
+def test_weights_on_a_5_bit_grid_are_int5_with_their_own_integers():
+    """Q5_0's weights, w = (q - 16) * d with q in 0..31, whose groups need not reach 0 or 31:
+    int4 moves them by ~8%, so they were int8; int5 keeps the file's integers (less each
+    group's smallest) and its step, up to bf16 rounding. A matrix partly off the grid (a fused
+    Q/K/V whose V the file kept in Q8_0) stays int8 (quant.MAX_INT5_ERROR)."""
+    torch.manual_seed(4)
+    d = torch.rand(128, 2, 1) * 0.01 + 0.001
+    q = torch.randint(1, 31, (128, 2, 32))  # never 0 or 31
+    w = ((q - 16) * d).view(128, 64)
+    layer = packed(w)
+    assert isinstance(layer, Int5DotLinear)
+    integers = layer.integers().reshape(128, 2, 32)  # (out, group, input)
+    assert torch.equal(integers.long(), q - q.amin(-1, keepdim=True))
+    err = (layer.dequantize().float() - w).view(128, 2, 32).abs()
+    assert (err <= 0.2 * d).all()  # bf16 rounding of the scale, min and result; min..max: 0.45 d
+    part = w.clone()
+    part[96:] = torch.randn(32, 64) * 0.05  # a quarter of the rows off the grid
+    assert isinstance(packed(part), Int8Linear)
+
+
+def test_a_cached_models_int5_matrices_load_as_int5(tmp_path):
+    """A warm load builds the packed model's skeleton from the cached state's keys
+    (packed_model.quantize(stored=...)): an int5 matrix must come back int5, or its state
+    would not load and the model would be packed again from the float checkpoint."""
+    from conftest import TINY
+
+    from pellucid.models import build_model
+    from pellucid.models.packed_model import quantize
+
+    torch.manual_seed(5)
+    model = build_model(TINY)
+    gate_up = model.layers[0].mlp.gate_up_proj.weight
+    d = torch.rand(gate_up.shape[0], gate_up.shape[1] // GROUP, 1) * 0.01 + 0.001
+    q = torch.randint(0, 32, (gate_up.shape[0], gate_up.shape[1] // GROUP, GROUP))
+    with torch.no_grad():
+        gate_up.copy_(((q - 16) * d).view_as(gate_up))
+    quantize(model)
+    kinds = {n: type(m) for n, m in model.named_modules() if isinstance(m, PackedLinear)}
+    assert (kinds["layers.0.mlp.gate_up_proj"] is Int5DotLinear) == rowdot.available()
+    state = model.state_dict()
+    with torch.device("meta"):
+        skeleton = quantize(build_model(TINY), stored=set(state))
+    skeleton.load_state_dict(state, assign=True)  # strict: every buffer named as stored
+    assert {n: type(m) for n, m in skeleton.named_modules() if n in kinds} == kinds
+
+
 def test_q4_k_weights_come_back_on_their_own_grid(gemma3_path):
     """Gemma's GGUF stores its attention outputs as Q4_K (each group of 32 has a scale and a min
     derived from its super-block's). As the gguf package dequantizes them, they pack into int4
     with only bf16 rounding left (~0.5%), where min..max onto 0..15 moved them by ~4%; its Q5_0
-    projections are no 4-bit grid and stay int8."""
+    projections are no 4-bit grid: int5 where rowdot's kernels run (~0.2% off), else int8."""
     file = GGUFFile(gemma3_path)  # tensors dequantized by the gguf package
     for name, kind in [("blk.0.attn_output.weight", "Q4_K"), ("blk.0.attn_q.weight", "Q5_0")]:
         assert file.tensor_type(name).name == kind
@@ -359,7 +425,8 @@ def test_q4_k_weights_come_back_on_their_own_grid(gemma3_path):
             low, high = groups.amin(-1), groups.amax(-1)
             assert grid.grid_error(groups, *grid.onto_steps(groups, low, high, 15), low) > 0.03
         else:
-            assert isinstance(layer, Int8Linear), name
+            assert isinstance(layer, Int5DotLinear if rowdot.available() else Int8Linear), name
+            assert err < 0.005, (name, err)
 
 
 @pytest.fixture(scope="module")
@@ -427,12 +494,15 @@ def test_fast_path_perplexity_is_within_one_percent_of_float32(smollm2_int4, ref
 
 
 def test_gemma_fast_path_perplexity_is_within_one_percent_of_float32(reference_gemma3):
-    """Gemma's GGUF stores most matrices with 5-8 bits: they stay int8 (int4 cost it 22%). Its
-    tied 262k-row head, heavier than the decoder, is int4 with its likeliest logits rechecked
-    where rowdot runs (int4 alone cost 3.5%); elsewhere int8, which decoding one token multiplies by fbgemm with 8-bit
+    """Gemma's GGUF stores most matrices with 5-8 bits: int5 where they lie on a 5-bit grid and
+    rowdot's kernels run, else int8 (int4 cost it 22%). Its tied 262k-row head, heavier than the
+    decoder, is int4 with its likeliest logits rechecked where rowdot runs (int4 alone cost
+    3.5%); elsewhere int8, which decoding one token multiplies by fbgemm with 8-bit
     activations: that costs a little more, still within 1%."""
     fast = LLM("gemma3-270m", dtype="int4")
     assert isinstance(fast.model.lm_head, Int4Head) == rowdot.available()
+    gate_up = fast.model.layers[0].mlp.gate_up_proj  # Q5_0 in the file
+    assert isinstance(gate_up, Int5DotLinear if rowdot.available() else Int8Linear)
     ids, float32 = reference_span(reference_gemma3["perplexity"])
     # pre-fill's dense products, decoding's packed ones (where they differ)
     for packed_kernels in _pass_kinds(fast, len(ids)):

@@ -37,9 +37,10 @@ _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 # each C function's arguments (see the sources)
 SIGNATURES = {
     "int4_to_dense_t": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _int],
-    "int4_dot_to_dense": [_ptr, _ptr, _ptr, _i64, _i64, _int],
+    "int4_dot_to_dense": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _int],
     "int8_to_dense": [_ptr, _ptr, _ptr, _i64, _i64, _int],
     "int4_rows_mm": [_ptr, _int, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64],
+    "int5_rows_mm": [_ptr, _int, _ptr, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64],
     "int8_rows_mm": [_ptr, _int, _ptr, _ptr, _ptr, _int, _i64, _i64, _i64],
     "int4_head_mm": [_ptr, _int, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64],
 }

@@ -1,5 +1,5 @@
 /* pellucid's C kernels as torch ops: rowdot's products (pellucid::int4_rows_mm,
-   pellucid::int8_rows_mm, declared in rowdot.py), the int4 LM head (pellucid::int4_head_mm,
+   pellucid::int5_rows_mm, pellucid::int8_rows_mm, declared in rowdot.py), the int4 LM head (pellucid::int4_head_mm,
    lm_head.c, declared there too) and decode attention
    (pellucid::paged_decode_attention, declared in paged_attention.py), so that a compiled decode
    step calls them without Python in between, which cost more per call than some of the
@@ -14,6 +14,9 @@
 extern "C" {
 void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f);
+void int5_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint8_t *high,
+                  const uint16_t *params, void *y, int y_bf16, int64_t n, int64_t out_f,
+                  int64_t in_f);
 void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_t *scales,
                   void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f);
 void int4_head_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
@@ -36,6 +39,18 @@ static Tensor int4_op(Tensor rows, Tensor packed, Tensor params) {
     const int64_t n = x.size(0), in_f = x.size(1), out_f = packed.size(0) * 8;
     Tensor y = torch::stable::new_empty(x, {n, out_f});
     int4_rows_mm(x.data_ptr(), is_bf16(x), static_cast<const uint8_t *>(packed.data_ptr()),
+                 static_cast<const uint16_t *>(params.data_ptr()), y.data_ptr(), is_bf16(y), n,
+                 out_f, in_f);
+    return y;
+}
+
+/* as int4_op, and high (out/8, in/32, 32) uint8: the weights' 5th bits */
+static Tensor int5_op(Tensor rows, Tensor packed, Tensor high, Tensor params) {
+    const Tensor x = torch::stable::contiguous(rows);
+    const int64_t n = x.size(0), in_f = x.size(1), out_f = packed.size(0) * 8;
+    Tensor y = torch::stable::new_empty(x, {n, out_f});
+    int5_rows_mm(x.data_ptr(), is_bf16(x), static_cast<const uint8_t *>(packed.data_ptr()),
+                 static_cast<const uint8_t *>(high.data_ptr()),
                  static_cast<const uint16_t *>(params.data_ptr()), y.data_ptr(), is_bf16(y), n,
                  out_f, in_f);
     return y;
@@ -81,6 +96,7 @@ static Tensor attention_op(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tabl
 
 STABLE_TORCH_LIBRARY_IMPL(pellucid, CPU, m) {
     m.impl("int4_rows_mm", TORCH_BOX(&int4_op));
+    m.impl("int5_rows_mm", TORCH_BOX(&int5_op));
     m.impl("int8_rows_mm", TORCH_BOX(&int8_op));
     m.impl("int4_head_mm", TORCH_BOX(&head_op));
     m.impl("paged_decode_attention", TORCH_BOX(&attention_op));

@@ -24,10 +24,10 @@ from pellucid.models.quant import (
 
 @torch.no_grad()
 def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
-    """Replace every projection of the decoder by a packed layer of the same name (int4, or int8
-    where int4 would lose too much), and the LM head by `packed_head`; the embedding table becomes
-    bf16. `stored`: the state-dict keys of a cached packed model, which say which matrices are
-    int4 (for a skeleton on the meta device).
+    """Replace every projection of the decoder by a packed layer of the same name (int4, int5 or
+    int8, as few bits as lose almost nothing: quant.packed), and the LM head by `packed_head`;
+    the embedding table becomes bf16. `stored`: the state-dict keys of a cached packed model,
+    which say which matrices are int4 or int5 (for a skeleton on the meta device).
 
     The rest stays as given, float32 (norms): the activations between the products are float32,
     as llama.cpp keeps them, and only the products round their rows (to int8 for rowdot, bf16 for
@@ -40,7 +40,11 @@ def quantize(model: LlamaModel, stored: set[str] | None = None) -> LlamaModel:
     """
 
     def kind(name: str) -> str | None:
-        return None if stored is None else ("int4" if f"{name}.packed" in stored else "int8")
+        if stored is None:
+            return None
+        return (
+            "int5" if f"{name}.high" in stored else "int4" if f"{name}.packed" in stored else "int8"
+        )
 
     for name, module in list(model.layers.named_modules()):
         for child, lin in list(module.named_children()):

@@ -1,4 +1,4 @@
-"""Packed weights for the fast path: int4 (4 bits, a scale and zero per group of 32) or int8.
+"""Packed weights for the fast path: int4 (4 bits, a scale and zero per group of 32), int5 or int8.
 
 Decoding one token reads every weight once, so its speed is set by how many bytes the weights
 take: int4 reads 1/8 of float32. Each group of 32 weights along the input dimension is stored as
@@ -6,7 +6,8 @@ w = (q - 8) * scale + zero with q in 0..15 — exactly GGUF's Q4_1 layout (w = q
 scale = d and zero = m + 8d), which is why re-quantizing a Q4_1 model's weights by each group's
 min and max gives back its very integers. torch's CPU kernel `_weight_int4pack_mm_for_cpu`
 multiplies activations by these packed weights without unpacking them to memory. A matrix
-that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is kept as
+that int4 would change by more than MAX_INT4_ERROR (one stored with 5 or more bits) is int5
+where its weights lie on a 5-bit grid and rowdot's kernels run (Int5DotLinear), else kept as
 int8 with a scale per output channel (`_weight_int8pack_mm`), and so is the LM head; unless it is
 the embedding table (tied), outweighs the decoder and rowdot's kernels run: then it is int4, its
 likeliest logits rechecked against the table (Int4Head, packed_model.packed_head).
@@ -57,6 +58,10 @@ UNPACK_ROWS = 48
 # layers take it for any count below this, and keep no dense copies
 ROWDOT_ROWS = 1 << 16
 MAX_INT4_ERROR = 0.02  # relative (Frobenius) error above which a matrix is kept in int8
+# ... or in int5, for weights that lie on a 5-bit grid (~0.2%). Gemma's fused Q/K/V, whose V its
+# file keeps in Q8_0, lie 1.5% off it: in int5 those cost NLL +0.46% of float32 where int8 cost
+# +0.12% (benchmarks/results/comments.md)
+MAX_INT5_ERROR = 0.01
 # each row's likeliest logits that an int4 LM head computes again from the bf16 table (Int4Head)
 RECHECK = 64
 
@@ -75,8 +80,9 @@ def packed_format() -> str:
     """The packed model's name in the weight cache: bump when a layout changes (it differs by
     CPU: torch's int4 packing, or the dot8 layout of rowdot's kernel). v4: norms and biases are
     float32 (packed_model.quantize); v5: a tied head is int4 with rowdot (Int4Head); v6: Q4_K
-    and Q4_0 matrices are int4 (quantize_groups finds their grid)."""
-    return f"packed-v6-{'dot8' if rowdot.available() else f'n{channel_block() or 0}'}"
+    and Q4_0 matrices are int4 (quantize_groups finds their grid); v7: Q5_0 and Q5_K matrices
+    are int5 with rowdot (Int5DotLinear)."""
+    return f"packed-v7-{'dot8' if rowdot.available() else f'n{channel_block() or 0}'}"
 
 
 @functools.cache
@@ -253,9 +259,14 @@ class Int4DotLinear(PackedLinear):
 
     def pack(self, w: Tensor) -> None:
         q, scale, low = quantize_groups(w)
+        self.pack_groups(q.to(torch.uint8), scale, low)
+
+    def pack_groups(self, q: Tensor, scale: Tensor, low: Tensor) -> None:
+        """Fill packed and params from quantize_groups' results: q (out, in) uint8 (its low 4
+        bits are packed), scale and low (out, in/GROUP)."""
         blocks, groups = self.out_features // 8, self.in_features // GROUP
         # (block, channel, group, step, half, input) -> (block, group, step, half, channel, input)
-        q = q.to(torch.uint8).view(blocks, 8, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+        q = (q & 15).view(blocks, 8, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
         self.packed = (q[:, :, :, 0] | q[:, :, :, 1] << 4).reshape(blocks, groups, 4, 32)
         params = torch.stack([scale, low], -1).view(blocks, 8, groups, 2)
         self.params = params.permute(0, 2, 3, 1).contiguous().bfloat16()
@@ -275,15 +286,58 @@ class Int4DotLinear(PackedLinear):
             self.packed, self.params, shape, dtype or dense_dtype(), scratch
         )
 
-    def dequantize(self) -> Tensor:
+    def integers(self) -> Tensor:
+        """The weights' integers q, (blocks, channel, group, GROUP) uint8."""
         blocks, groups = self.out_features // 8, self.in_features // GROUP
         bytes_ = self.packed.view(blocks, groups, 4, 1, 8, 4)
         q = torch.cat([bytes_ & 15, bytes_ >> 4], 3)  # (block, group, step, half, channel, input)
-        q = q.permute(0, 4, 1, 2, 3, 5).reshape(blocks, 8, groups, GROUP)
+        return q.permute(0, 4, 1, 2, 3, 5).reshape(blocks, 8, groups, GROUP)
+
+    def dequantize(self) -> Tensor:
         scale, low = self.params.permute(0, 3, 1, 2).float().unbind(-1)  # (block, channel, group)
         # in float32, rounded once: q * scale nearly cancels min at the group's zero crossing
-        w = q.float() * scale[..., None] + low[..., None]
+        w = self.integers().float() * scale[..., None] + low[..., None]
         return w.reshape(self.out_features, self.in_features).bfloat16()
+
+
+class Int5DotLinear(Int4DotLinear):
+    """5-bit weights in groups of 32 along the input, w = q * scale + min with q in 0..31: the
+    int4 layout holds q's low 4 bits, `high` a plane of their 5th (rowdot.c's int5 layout), and
+    the same kernel adds the two. For matrices whose weights lie on a 5-bit grid (GGUF's Q5_0,
+    Q5_K: Gemma 3's Q/K/V and MLP inputs), which int4 moves by ~8% and int8 holds in 8/5 of
+    the bytes (a decode step reads every byte once)."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features)
+        blocks, groups = out_features // 8, in_features // GROUP
+        # (blocks, groups, channel * 4 + input): bit 2 * step + half of each byte
+        self.register_buffer("high", torch.empty(blocks, groups, 32, dtype=torch.uint8))
+
+    def pack(self, w: Tensor) -> None:
+        q, scale, low = quantize_groups(w, bits=5)
+        q = q.to(torch.uint8)
+        self.pack_groups(q, scale, low)
+        blocks, groups = self.out_features // 8, self.in_features // GROUP
+        # (block, channel, group, step, half, input) -> (block, group, channel, input, step, half)
+        fifth = (q >> 4).view(blocks, 8, groups, 4, 2, 4).permute(0, 2, 1, 5, 3, 4)
+        weights = 1 << torch.arange(8, dtype=torch.uint8)  # bit 2 * step + half
+        self.high = (fifth.reshape(blocks, groups, 32, 8) * weights).sum(-1, dtype=torch.uint8)
+
+    def integers(self) -> Tensor:
+        blocks, groups = self.out_features // 8, self.in_features // GROUP
+        bits = self.high[..., None] >> torch.arange(8, dtype=torch.uint8) & 1  # (.., 32, 8)
+        # (block, group, channel, input, step, half) -> (block, channel, group, step, half, input)
+        fifth = bits.view(blocks, groups, 8, 4, 4, 2).permute(0, 2, 1, 4, 5, 3)
+        return super().integers() | fifth.reshape(blocks, 8, groups, GROUP) << 4
+
+    def packed_mm(self, rows: Tensor) -> Tensor:
+        return rowdot.int5_rows_mm(rows, self.packed, self.high, self.params)
+
+    def unpacked(self, dtype: torch.dtype | None = None, scratch: bool = False) -> Tensor:
+        shape = (self.out_features, self.in_features)
+        return unpack.int4_dot_dense(
+            self.packed, self.params, shape, dtype or dense_dtype(), scratch, self.high
+        )
 
 
 class Int4Head(Int4DotLinear):
@@ -377,13 +431,27 @@ class Int8Linear(PackedLinear):
 def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> PackedLinear:
     """Int4 when 4 bits lose (almost) nothing: the weights already lie on a 4-bit grid, as a
     Q4_1, Q4_0 or Q4_K file's do (relative error ~0.3-0.6%, bf16 rounding of the scales and
-    mins). Otherwise int8 — Gemma's Q5_0/Q6_K matrices re-quantized to int4 err by ~8% and
-    cost 22% of perplexity.
-    `kind` ("int4"/"int8") forces the choice: for empty skeletons of a cached model."""
+    mins). Else, where rowdot's kernels run, int5 when 5 bits lose as little (a Q5_0 or Q5_K
+    file's matrices: ~0.2%; MAX_INT5_ERROR). Otherwise int8 — Gemma's Q5_0/Q6_K matrices
+    re-quantized to int4 err by ~8% and cost 22% of perplexity; its Q6_K and Q8_0 ones to int5,
+    by ~3.7%.
+    `kind` ("int4"/"int5"/"int8") forces the choice: for empty skeletons of a cached model."""
     if kind is not None:
-        return (int4_class() if kind == "int4" else Int8Linear).from_weight(w, bias)
+        layer = {"int4": int4_class(), "int5": Int5DotLinear}.get(kind, Int8Linear)
+        return layer.from_weight(w, bias)
     if not int4_packable(*w.shape):  # the CPU packing's shape rules
         return Int8Linear.from_weight(w, bias)
-    layer = int4_class().from_weight(w, bias)
+    kinds = [(int4_class(), MAX_INT4_ERROR)]
+    if rowdot.available():
+        kinds.append((Int5DotLinear, MAX_INT5_ERROR))
+    for kind_, limit in kinds:
+        layer = kind_.from_weight(w, bias)
+        if relative_error(layer, w) < limit:
+            return layer
+    return Int8Linear.from_weight(w, bias)
+
+
+def relative_error(layer: PackedLinear, w: Tensor) -> float:
+    """How far the layer's matrix lies from w: relative (Frobenius) error."""
     err = (layer.dequantize().float() - w.float()).norm() / w.float().norm().clamp(min=1e-12)
-    return layer if err < MAX_INT4_ERROR else Int8Linear.from_weight(w, bias)
+    return err.item()

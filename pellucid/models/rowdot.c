@@ -11,6 +11,10 @@
    4c + j holds input k + j of channel c in its low nibble, input k + 4 + j in its high one.
    Weights are w = q * d + m, q in 0..15; the group's 8 scales d, then its 8 mins m, are bf16 at
    params[(b * in/32 + g) * 16].
+   int5 layout: the int4 layout for q's low 4 bits (q in 0..31), and a plane of their 5th bits,
+   32 bytes per block and group at high[(b * in/32 + g) * 32]: bit 2s + h of byte 4c + j is that
+   of input k + 4h + j of channel c, for step s (k = 32g + 8s). 5 bits where a file's weights
+   lie on a 5-bit grid (GGUF's Q5_0, Q5_K): 5/8 of int8's bytes, and within 0.3% of the file.
    int8 layout: int8 (out, in) rows with one bf16 scale per output channel.
 
    Rows (n, in) are bf16 or float32, as is the output (n, out). Output channels are shared
@@ -146,13 +150,38 @@ static inline __m256i broadcast4(const int8_t *x) { /* 4 int8 into every 32-bit 
     return _mm256_set1_epi32(four);
 }
 
-/* Channel block b (8 channels) for R rows, R a constant where it is called so that the
-   accumulators stay in registers. */
+/* Bit t of each byte of an int5 block's high plane, as 16 or 0 (the weight's 5th bit in place).
+   The shifts move 16-bit lanes: a bit carried across bytes lands below bit 4 (left shifts of at
+   most 4) or above it (right shifts of at most 3), and is masked off. */
+static inline __m256i fifth_bits(__m256i high, const int t) {
+    const __m256i bit4 = _mm256_set1_epi8(16);
+    if (t < 4)
+        return _mm256_and_si256(_mm256_slli_epi16(high, 4 - t), bit4);
+    return _mm256_and_si256(_mm256_srli_epi16(high, t - 4), bit4);
+}
+
+/* The weights of step s of a block (int4, or int5 where `five`): the low nibbles' and the high
+   ones' as unsigned bytes. */
 static inline __attribute__((always_inline)) void
-int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx,
-           const float *sx, int64_t in_f, const int R, float out[][8]) {
-    const int64_t groups = in_f / GROUP;
+step_weights(const uint8_t *w, const uint8_t *hb, int s, const int five, __m256i *lo, __m256i *hi) {
     const __m256i nibble = _mm256_set1_epi8(15);
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
+    *lo = _mm256_and_si256(bytes, nibble);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    if (five) {
+        const __m256i high = _mm256_loadu_si256((const __m256i *)hb);
+        *lo = _mm256_or_si256(*lo, fifth_bits(high, 2 * s));
+        *hi = _mm256_or_si256(*hi, fifth_bits(high, 2 * s + 1));
+    }
+}
+
+/* Channel block b (8 channels) for R rows, R a constant where it is called so that the
+   accumulators stay in registers; int5 where `five` (a constant too), hb its high plane. */
+static inline __attribute__((always_inline)) void
+int4_block(const uint8_t *w, const uint8_t *hb, const uint16_t *p, const int8_t *xq,
+           const float *dx, const float *sx, int64_t in_f, const int R, const int five,
+           float out[][8]) {
+    const int64_t groups = in_f / GROUP;
     __m256 acc[PASS];
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_setzero_ps();
@@ -162,16 +191,15 @@ int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *d
         for (int r = 0; r < R; r++)
             sum[r] = sum_hi[r] = _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
-            const __m256i lo = _mm256_and_si256(bytes, nibble);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+            __m256i lo, hi;
+            step_weights(w, five ? hb + 32 * g : NULL, s, five, &lo, &hi);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xq + r * in_f + g * GROUP + 8 * s;
 #ifdef ROWDOT_VNNI
                 sum[r] = _mm256_dpbusd_epi32(sum[r], lo, broadcast4(x));
                 sum_hi[r] = _mm256_dpbusd_epi32(sum_hi[r], hi, broadcast4(x + 4));
 #else
-                /* |2 * 2 * 15 * 127| fits int16: the two halves add before widening */
+                /* |2 * 2 * 31 * 127| fits int16: the two halves add before widening */
                 const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(x)),
                                                        _mm256_maddubs_epi16(hi, broadcast4(x + 4)));
                 sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
@@ -195,12 +223,12 @@ int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *d
 #ifdef ROWDOT_VNNI
 /* Two neighbouring channel blocks (16 channels) for R rows: each row's 4 inputs, broadcast once,
    serve both blocks, so there are half as many broadcasts per product as in int4_block (for
-   many rows, where they bound it). R a constant where it is called. */
+   many rows, where they bound it). R and `five` constants where it is called. */
 static inline __attribute__((always_inline)) void
-int4_pair(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx, const float *sx,
-          int64_t in_f, const int R, float out[][16]) {
+int4_pair(const uint8_t *w, const uint8_t *hb, const uint16_t *p, const int8_t *xq,
+          const float *dx, const float *sx, int64_t in_f, const int R, const int five,
+          float out[][16]) {
     const int64_t groups = in_f / GROUP, next = in_f * 4; /* bytes to the next block */
-    const __m256i nibble = _mm256_set1_epi8(15);
     __m256 acc[2][PAIR_ROWS];
     for (int r = 0; r < R; r++)
         acc[0][r] = acc[1][r] = _mm256_setzero_ps();
@@ -209,11 +237,9 @@ int4_pair(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx
         for (int r = 0; r < R; r++)
             sum[0][r] = sum[1][r] = _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
-            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(w + 32 * s));
-            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(w + next + 32 * s));
-            const __m256i lo0 = _mm256_and_si256(b0, nibble), lo1 = _mm256_and_si256(b1, nibble);
-            const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(b0, 4), nibble);
-            const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(b1, 4), nibble);
+            __m256i lo0, hi0, lo1, hi1; /* the high planes of the two blocks lie in/4 bytes apart */
+            step_weights(w, five ? hb + 32 * g : NULL, s, five, &lo0, &hi0);
+            step_weights(w + next, five ? hb + in_f + 32 * g : NULL, s, five, &lo1, &hi1);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xq + r * in_f + g * GROUP + 8 * s;
                 const __m256i xl = broadcast4(x), xh = broadcast4(x + 4);
@@ -270,8 +296,9 @@ static inline void int8_four(const int8_t *w, const int8_t *xq, const float *dx,
 #else
 /* The same products in plain C, for CPUs without AVX2 (tests; rowdot.py does not pick these
    kernels there). */
-static void int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, const float *dx,
-                       const float *sx, int64_t in_f, const int R, float out[][8]) {
+static void int4_block(const uint8_t *w, const uint8_t *hb, const uint16_t *p, const int8_t *xq,
+                       const float *dx, const float *sx, int64_t in_f, const int R,
+                       const int five, float out[][8]) {
     const int64_t groups = in_f / GROUP;
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 8; c++) {
@@ -283,7 +310,9 @@ static void int4_block(const uint8_t *w, const uint16_t *p, const int8_t *xq, co
                 for (int s = 0; s < 4; s++)
                     for (int j = 0; j < 4; j++) {
                         const uint8_t b = bytes[32 * s + 4 * c + j];
-                        sum += (b & 15) * x[8 * s + j] + (b >> 4) * x[8 * s + 4 + j];
+                        const int h = five ? hb[32 * g + 4 * c + j] >> (2 * s) : 0;
+                        sum += ((b & 15) | (h & 1) << 4) * x[8 * s + j] +
+                               ((b >> 4) | (h & 2) << 3) * x[8 * s + 4 + j];
                     }
                 const uint16_t *pg = p + g * 16;
                 acc += bf16_to_float(pg[c]) * dx[r * groups + g] * (float)sum;
@@ -422,27 +451,38 @@ static void int8_vnni_mm(const int8_t *weight, const uint16_t *scales, const int
     free(xu);
 }
 
-/* Many rows: blocks in pairs (int4_pair), PAIR_ROWS rows a pass. */
-static void int4_pairs_mm(const uint8_t *packed, const uint16_t *params, const int8_t *xq,
-                          const float *dx, const float *sx, void *y, int y_bf16, int64_t n,
-                          int64_t out_f, int64_t in_f) {
+/* int4_pair for `rows` rows (1..PAIR_ROWS): the count made a constant for the compiler. */
+static inline __attribute__((always_inline)) void
+pair_rows(const uint8_t *w, const uint8_t *hb, const uint16_t *p, const int8_t *xr,
+          const float *dx, const float *sx, int64_t in_f, int64_t rows, const int five,
+          float out[][16]) {
+    switch (rows) {
+    case 1: int4_pair(w, hb, p, xr, dx, sx, in_f, 1, five, out); break;
+    case 2: int4_pair(w, hb, p, xr, dx, sx, in_f, 2, five, out); break;
+    case 3: int4_pair(w, hb, p, xr, dx, sx, in_f, 3, five, out); break;
+    case 4: int4_pair(w, hb, p, xr, dx, sx, in_f, 4, five, out); break;
+    case 5: int4_pair(w, hb, p, xr, dx, sx, in_f, 5, five, out); break;
+    default: int4_pair(w, hb, p, xr, dx, sx, in_f, PAIR_ROWS, five, out);
+    }
+}
+
+/* Many rows: blocks in pairs (int4_pair), PAIR_ROWS rows a pass; int5 where `high` is given. */
+static void int4_pairs_mm(const uint8_t *packed, const uint8_t *high, const uint16_t *params,
+                          const int8_t *xq, const float *dx, const float *sx, void *y, int y_bf16,
+                          int64_t n, int64_t out_f, int64_t in_f) {
     const int64_t groups = in_f / GROUP;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < out_f / 8; b += 2) {
-        const uint8_t *w = packed + b * in_f * 4;
+        const uint8_t *w = packed + b * in_f * 4, *hb = high ? high + b * in_f : NULL;
         const uint16_t *p = params + b * groups * 16;
         for (int64_t r0 = 0; r0 < n; r0 += PAIR_ROWS) {
             float out[PAIR_ROWS][16];
-            const int64_t at = r0 * groups;
+            const int64_t at = r0 * groups, rows = n - r0 < PAIR_ROWS ? n - r0 : PAIR_ROWS;
             const int8_t *xr = xq + r0 * in_f;
-            switch (n - r0 < PAIR_ROWS ? n - r0 : PAIR_ROWS) {
-            case 1: int4_pair(w, p, xr, dx + at, sx + at, in_f, 1, out); break;
-            case 2: int4_pair(w, p, xr, dx + at, sx + at, in_f, 2, out); break;
-            case 3: int4_pair(w, p, xr, dx + at, sx + at, in_f, 3, out); break;
-            case 4: int4_pair(w, p, xr, dx + at, sx + at, in_f, 4, out); break;
-            case 5: int4_pair(w, p, xr, dx + at, sx + at, in_f, 5, out); break;
-            default: int4_pair(w, p, xr, dx + at, sx + at, in_f, PAIR_ROWS, out);
-            }
+            if (hb)
+                pair_rows(w, hb, p, xr, dx + at, sx + at, in_f, rows, 1, out);
+            else
+                pair_rows(w, NULL, p, xr, dx + at, sx + at, in_f, rows, 0, out);
             for (int64_t r = r0; r < n && r < r0 + PAIR_ROWS; r++)
                 for (int c = 0; c < 16; c++)
                     store_value(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
@@ -451,45 +491,69 @@ static void int4_pairs_mm(const uint8_t *packed, const uint16_t *params, const i
 }
 #endif
 
-void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
-                  void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
+/* int4_block for `rows` rows (1..PASS): the count made a constant for the compiler. */
+static inline __attribute__((always_inline)) void
+block_rows(const uint8_t *w, const uint8_t *hb, const uint16_t *p, const int8_t *xr,
+           const float *dx, const float *sx, int64_t in_f, int64_t rows, const int five,
+           float out[][8]) {
+    switch (rows) {
+    case 1: int4_block(w, hb, p, xr, dx, sx, in_f, 1, five, out); break;
+    case 2: int4_block(w, hb, p, xr, dx, sx, in_f, 2, five, out); break;
+    case 3: int4_block(w, hb, p, xr, dx, sx, in_f, 3, five, out); break;
+#if PASS == 8
+    case 4: int4_block(w, hb, p, xr, dx, sx, in_f, 4, five, out); break;
+    case 5: int4_block(w, hb, p, xr, dx, sx, in_f, 5, five, out); break;
+    case 6: int4_block(w, hb, p, xr, dx, sx, in_f, 6, five, out); break;
+    case 7: int4_block(w, hb, p, xr, dx, sx, in_f, 7, five, out); break;
+#endif
+    default: int4_block(w, hb, p, xr, dx, sx, in_f, PASS, five, out);
+    }
+}
+
+/* Rows times an int4 matrix, or an int5 one where `high` (its 5th bits) is given. */
+static void dot8_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint8_t *high,
+                         const uint16_t *params, void *y, int y_bf16, int64_t n, int64_t out_f,
+                         int64_t in_f) {
     const int64_t groups = in_f / GROUP;
     const Rounded rows = round_rows(x, x_bf16, n, in_f);
     const int8_t *xq = rows.q;
     const float *dx = rows.scale, *sx = rows.sum;
 #ifdef ROWDOT_VNNI
     if (n > PASS && out_f % 16 == 0) {
-        int4_pairs_mm(packed, params, xq, dx, sx, y, y_bf16, n, out_f, in_f);
+        int4_pairs_mm(packed, high, params, xq, dx, sx, y, y_bf16, n, out_f, in_f);
         free_rounded(rows);
         return;
     }
 #endif
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < out_f / 8; b++) {
-        const uint8_t *w = packed + b * in_f * 4;
+        const uint8_t *w = packed + b * in_f * 4, *hb = high ? high + b * in_f : NULL;
         const uint16_t *p = params + b * groups * 16;
         for (int64_t r0 = 0; r0 < n; r0 += PASS) { /* PASS rows at a time: the block stays in L1 */
             float out[PASS][8];
-            const int64_t at = r0 * groups;
+            const int64_t at = r0 * groups, count = n - r0 < PASS ? n - r0 : PASS;
             const int8_t *xr = xq + r0 * in_f;
-            switch (n - r0 < PASS ? n - r0 : PASS) {
-            case 1: int4_block(w, p, xr, dx + at, sx + at, in_f, 1, out); break;
-            case 2: int4_block(w, p, xr, dx + at, sx + at, in_f, 2, out); break;
-            case 3: int4_block(w, p, xr, dx + at, sx + at, in_f, 3, out); break;
-#if PASS == 8
-            case 4: int4_block(w, p, xr, dx + at, sx + at, in_f, 4, out); break;
-            case 5: int4_block(w, p, xr, dx + at, sx + at, in_f, 5, out); break;
-            case 6: int4_block(w, p, xr, dx + at, sx + at, in_f, 6, out); break;
-            case 7: int4_block(w, p, xr, dx + at, sx + at, in_f, 7, out); break;
-#endif
-            default: int4_block(w, p, xr, dx + at, sx + at, in_f, PASS, out);
-            }
+            if (hb)
+                block_rows(w, hb, p, xr, dx + at, sx + at, in_f, count, 1, out);
+            else
+                block_rows(w, NULL, p, xr, dx + at, sx + at, in_f, count, 0, out);
             for (int64_t r = r0; r < n && r < r0 + PASS; r++)
                 for (int c = 0; c < 8; c++)
                     store_value(y, r * out_f + b * 8 + c, out[r - r0][c], y_bf16);
         }
     }
     free_rounded(rows);
+}
+
+void int4_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint16_t *params,
+                  void *y, int y_bf16, int64_t n, int64_t out_f, int64_t in_f) {
+    dot8_rows_mm(x, x_bf16, packed, NULL, params, y, y_bf16, n, out_f, in_f);
+}
+
+void int5_rows_mm(const void *x, int x_bf16, const uint8_t *packed, const uint8_t *high,
+                  const uint16_t *params, void *y, int y_bf16, int64_t n, int64_t out_f,
+                  int64_t in_f) {
+    dot8_rows_mm(x, x_bf16, packed, high, params, y, y_bf16, n, out_f, in_f);
 }
 
 void int8_rows_mm(const void *x, int x_bf16, const int8_t *weight, const uint16_t *scales,

@@ -5,18 +5,19 @@ Why: on AVX2, torch's int4 kernel widens every weight to float and multiplies in
 products per instruction; it took ~13 ms of a ~20 ms SmolLM2 token, and decoding fell behind
 llama.cpp's. llama.cpp instead rounds the row to int8 (a scale per 32 inputs) and multiplies in
 8-bit integers, 32 products per instruction pair, as rowdot.c does, on 4-bit weights laid out
-for it (Int4DotLinear, models/quant.py) or on int8 ones (Int8Linear: the LM head). It beat
-float32 GEMMs on many rows too, so there no dense copies are made (quant.ROWDOT_ROWS). With
-AVX-512 VNNI one instruction (vpdpbusd) does what that pair does, and the kernel took half the
-time of torch's AVX-512 int4 kernel for one row, and a 512-token pre-fill took less time than
-with bf16 GEMMs (without AMX; benchmarks/results/comments.md). Rounding the rows costs little
-accuracy (perplexity within 1% of float32: tests/test_quant.py).
+for it (Int4DotLinear, models/quant.py), on 5-bit ones (that layout and a plane of their 5th
+bits: Int5DotLinear) or on int8 ones (Int8Linear: the LM head). It beat float32 GEMMs on many
+rows too, so there no dense copies are made (quant.ROWDOT_ROWS). With AVX-512 VNNI one
+instruction (vpdpbusd) does what that pair does, and the kernel took half the time of torch's
+AVX-512 int4 kernel for one row, and a 512-token pre-fill took less time than with bf16 GEMMs
+(without AMX; benchmarks/results/comments.md). Rounding the rows costs little accuracy
+(perplexity within 1% of float32: tests/test_quant.py).
 
-The products are the custom ops `pellucid::int4_rows_mm` and `pellucid::int8_rows_mm` (and the
-int4 LM head's, `pellucid::int4_head_mm`: lm_head.c), so that a compiled decode step
+The products are the custom ops `pellucid::int4_rows_mm`, `int5_rows_mm` and `int8_rows_mm`
+(and the int4 LM head's, `pellucid::int4_head_mm`: lm_head.c), so that a compiled decode step
 (torch.compile's or one compiled ahead, engine/aot_decode.py) calls them as it calls any other
-kernel. Where rowdot is the fast path, they are C++ (ops.cpp, built at
-first use by kernels.py): a call through Python cost ~20 us, more than some of the products.
+kernel. Where rowdot is the fast path, they are C++ (ops.cpp, built at first use by
+kernels.py): a call through Python cost ~20 us, more than some of the products.
 Elsewhere, and where that cannot be built, the Python implementation below calls the same
 kernels; it is registered as the ops' composite implementation, which a CPU one overrides.
 """
@@ -58,6 +59,7 @@ def int8_every_row() -> bool:
 # namespace: this is a fragment of it).
 _LIB = torch.library.Library("pellucid", "FRAGMENT")
 _LIB.define("int4_rows_mm(Tensor rows, Tensor packed, Tensor params) -> Tensor")
+_LIB.define("int5_rows_mm(Tensor rows, Tensor packed, Tensor high, Tensor params) -> Tensor")
 _LIB.define("int8_rows_mm(Tensor rows, Tensor weight, Tensor scales) -> Tensor")
 _LIB.define(
     "int4_head_mm(Tensor rows, Tensor packed, Tensor params, Tensor table, int k) -> Tensor"
@@ -69,6 +71,12 @@ def int4_rows_mm(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
     dot8 layout (rowdot.c): packed (out/8, in/32, 4, 32) uint8, params (out/8, in/32, 2, 8)
     bf16."""
     return torch.ops.pellucid.int4_rows_mm(rows, packed, params)
+
+
+def int5_rows_mm(rows: Tensor, packed: Tensor, high: Tensor, params: Tensor) -> Tensor:
+    """As int4_rows_mm, for weights of 5 bits: packed holds their low 4 bits, high (out/8,
+    in/32, 32) uint8 their 5th (rowdot.c's int5 layout)."""
+    return torch.ops.pellucid.int5_rows_mm(rows, packed, high, params)
 
 
 def int8_rows_mm(rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
@@ -106,6 +114,16 @@ def _int4_out(rows: Tensor, packed: Tensor) -> Tensor:
     return rows.new_empty(rows.shape[0], packed.shape[0] * 8)  # blocks of 8 channels
 
 
+def _int5(rows: Tensor, packed: Tensor, high: Tensor, params: Tensor) -> Tensor:
+    rows, out = rows.contiguous(), _int4_out(rows, packed)
+    n, in_f = rows.shape
+    kernels.library().int5_rows_mm(
+        rows.data_ptr(), rows.dtype == torch.bfloat16, packed.data_ptr(), high.data_ptr(),
+        params.data_ptr(), out.data_ptr(), out.dtype == torch.bfloat16, n, out.shape[1], in_f,
+    )  # fmt: skip
+    return out
+
+
 def _int8_out(rows: Tensor, weight: Tensor) -> Tensor:
     return rows.new_empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
 
@@ -115,6 +133,7 @@ _LIB.impl(
     lambda r, p, s: _call("int4_rows_mm", r, p, s, _int4_out(r, p)),
     "CompositeExplicitAutograd",
 )
+_LIB.impl("int5_rows_mm", _int5, "CompositeExplicitAutograd")
 _LIB.impl(
     "int8_rows_mm",
     lambda r, w, s: _call("int8_rows_mm", r, w, s, _int8_out(r, w)),
@@ -126,6 +145,11 @@ _LIB.impl("int4_head_mm", _head, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("pellucid::int4_rows_mm")
 def _(rows: Tensor, packed: Tensor, params: Tensor) -> Tensor:
+    return _int4_out(rows, packed)
+
+
+@torch.library.register_fake("pellucid::int5_rows_mm")
+def _(rows: Tensor, packed: Tensor, high: Tensor, params: Tensor) -> Tensor:
     return _int4_out(rows, packed)
 
 

@@ -76,14 +76,18 @@ void int8_to_dense(const int8_t *restrict weight, const uint16_t *restrict scale
 
 /* rowdot.c's int4 layout (dot8, drawn there): output channels in blocks of 8; per block, group
    and step of 8 inputs, 32 bytes whose byte 4c + j holds input j (low nibble) and j + 4 (high)
-   of channel c; the group's 8 bf16 scales, then 8 mins, in params. Writes W (out, in). */
-void int4_dot_to_dense(const uint8_t *restrict packed, const uint16_t *restrict params,
-                       void *restrict out, int64_t out_f, int64_t in_f, int bf16) {
+   of channel c; the group's 8 bf16 scales, then 8 mins, in params. int5 where `high` is given:
+   the weights' 5th bits, 32 bytes per block and group, bit 2s + h of byte 4c + j for input
+   8s + 4h + j of channel c. Writes W (out, in). */
+void int4_dot_to_dense(const uint8_t *restrict packed, const uint8_t *restrict high,
+                       const uint16_t *restrict params, void *restrict out, int64_t out_f,
+                       int64_t in_f, int bf16) {
     const int64_t groups = in_f / 32;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < out_f / 8; b++)
         for (int64_t g = 0; g < groups; g++) {
             const uint8_t *bytes = packed + (b * groups + g) * 128;
+            const uint8_t *fifth = high ? high + (b * groups + g) * 32 : NULL;
             const uint16_t *p = params + (b * groups + g) * 16;
             for (int c = 0; c < 8; c++) {
                 const float d = bf16_to_float(p[c]), m = bf16_to_float(p[8 + c]);
@@ -91,8 +95,10 @@ void int4_dot_to_dense(const uint8_t *restrict packed, const uint16_t *restrict 
                 for (int s = 0; s < 4; s++)
                     for (int j = 0; j < 4; j++) {
                         const uint8_t q = bytes[32 * s + 4 * c + j];
-                        store_value(out, at + 8 * s + j, (float)(q & 15) * d + m, bf16);
-                        store_value(out, at + 8 * s + 4 + j, (float)(q >> 4) * d + m, bf16);
+                        const int h = fifth ? fifth[4 * c + j] >> (2 * s) : 0;
+                        const int lo = (q & 15) | (h & 1) << 4, hi = (q >> 4) | (h & 2) << 3;
+                        store_value(out, at + 8 * s + j, (float)lo * d + m, bf16);
+                        store_value(out, at + 8 * s + 4 + j, (float)hi * d + m, bf16);
                     }
             }
         }

@@ -55,16 +55,18 @@ def int4_dense(
 
 def int4_dot_dense(
     packed: Tensor, params: Tensor, shape: tuple[int, int], dtype: torch.dtype,
-    scratch: bool = False,
+    scratch: bool = False, high: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """The (out, in) matrix of rowdot's int4 layout (dot8, drawn in rowdot.c; `scratch`: as
-    for int4_dense)."""
+    """The (out, in) matrix of rowdot's int4 layout (dot8, drawn in rowdot.c), or of its int5
+    layout where `high` (the 5th bits' plane) is given (`scratch`: as for int4_dense)."""
     lib = kernels.library()
     assert lib is not None and packed.is_contiguous() and params.is_contiguous()
+    assert high is None or high.is_contiguous()
     out = _empty(shape, dtype, scratch)
     lib.int4_dot_to_dense(
-        packed.data_ptr(), params.data_ptr(), out.data_ptr(), *shape, dtype == torch.bfloat16
-    )
+        packed.data_ptr(), None if high is None else high.data_ptr(), params.data_ptr(),
+        out.data_ptr(), *shape, dtype == torch.bfloat16,
+    )  # fmt: skip
     return out
 
 
