@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,3 +191,41 @@ def test_header_reader_reads_what_the_gguf_package_reads(smollm2_path):
             t.tensor_type,
         )
         assert np.array_equal(mine, t.data)
+
+
+def _pages_in_page_cache(file: Path) -> int:
+    """How many of the file's pages the page cache holds: mincore over a mapping of it (a
+    private one, which ctypes can address; no page of it is written)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size, page = file.stat().st_size, mmap.PAGESIZE
+    vec = ctypes.create_string_buffer((size + page - 1) // page)
+    with open(file, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        first = ctypes.c_char.from_buffer(mapped)
+        failed = libc.mincore(ctypes.addressof(first), size, vec)
+        del first  # the mapping cannot close while a ctypes object points into it
+    if failed:
+        pytest.skip(f"mincore failed (errno {ctypes.get_errno()})")
+    return sum(b & 1 for b in vec.raw)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="no posix_fadvise here")
+def test_a_stored_packed_model_leaves_its_pages_out_of_the_page_cache(tmp_path, monkeypatch):
+    """store_packed drops the file's pages once written: a later load then maps them by its own
+    faults, a few pages at a time, where pages a write had left there came into the process in
+    far larger runs (and showed as resident memory: weights/cache.py)."""
+    monkeypatch.setenv("PELLUCID_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # the entry is keyed by the file's path, size and time only
+    where = weight_cache.entry_dir(model)
+    where.mkdir(parents=True)
+    (where / "metadata.json").write_text("{}")
+    control = where / "control.bin"  # written alike and kept: the page cache holds it
+    control.write_bytes(os.urandom(8 << 20))
+    if _pages_in_page_cache(control) == 0:
+        pytest.skip("this filesystem leaves no written pages in the page cache")
+    w = torch.randn(2 << 20)  # 8 MB
+    weight_cache.store_packed(model, "packed", {"w": w})
+    stored = where / "packed.pt"
+    assert _pages_in_page_cache(stored) < stored.stat().st_size // mmap.PAGESIZE // 10
+    assert torch.equal(weight_cache.load_packed(model, "packed")["w"], w)  # and whole
