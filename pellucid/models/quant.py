@@ -304,8 +304,8 @@ class Int5DotLinear(Int4DotLinear):
     """5-bit weights in groups of 32 along the input, w = q * scale + min with q in 0..31: the
     int4 layout holds q's low 4 bits, `high` a plane of their 5th (rowdot.c's int5 layout), and
     the same kernel adds the two. For matrices whose weights lie on a 5-bit grid (GGUF's Q5_0,
-    Q5_K: Gemma 3's Q/K/V and MLP inputs), which int4 moves by ~8% and int8 holds in 8/5 of
-    the bytes (a decode step reads every byte once)."""
+    Q5_K: Gemma 3's MLP inputs and half its Q/K/V), which int4 moves by ~8% and int8 holds in
+    8/5 of the bytes (a decode step reads every byte once)."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features)
@@ -444,8 +444,8 @@ def packed(w: Tensor, bias: Tensor | None = None, kind: str | None = None) -> Pa
     kinds = [(int4_class(), MAX_INT4_ERROR)]
     if rowdot.available():
         kinds.append((Int5DotLinear, MAX_INT5_ERROR))
-    for kind_, limit in kinds:
-        layer = kind_.from_weight(w, bias)
+    for layer_class, limit in kinds:
+        layer = layer_class.from_weight(w, bias)
         if relative_error(layer, w) < limit:
             return layer
     return Int8Linear.from_weight(w, bias)
