@@ -24,6 +24,7 @@ TOP_P_FIRST = (32, 256)
 # 262,144 logits they took longer than the rest of the sampler: benchmarks/results/comments.md).
 # The first of these sizes that divides the vocabulary.
 CHUNK_SIZES = (256, 128, 64)
+SUM_RUN = 256  # values a row's sum adds up before the runs' sums are added (row_sums)
 # Below this, exp leaves float32's normal range (e^-87.3 is its smallest normal number, 1.2e-38):
 # a CPU takes far longer over subnormal results (benchmarks/results/comments.md), which are
 # most of a row at temperature 0.2, and whose weight next to the row's largest, e^0 = 1, is nil.
@@ -107,7 +108,23 @@ def exp_from_max(logits: Tensor) -> Tensor:
 def logsumexp_rows(logits: Tensor) -> Tensor:
     """log(sum(exp(logits))) of each row (B, 1), as torch.logsumexp, without its subnormals."""
     largest = logits.amax(dim=-1, keepdim=True)
-    return largest + exp_from_max(logits).sum(dim=-1, keepdim=True).log()
+    return largest + row_sums(exp_from_max(logits)).log()
+
+
+def row_sums(x: Tensor) -> Tensor:
+    """Each row's sum (B, 1), added in one order whatever the rows beside it and the threads.
+
+    torch shares a lone row's long sum among its threads, but sums a batch a row per thread: a
+    reply's logprobs then changed in the last bits with its company (alone, or beside the other
+    requests of a step). Summed by runs of SUM_RUN, each run's sum by one thread, then the runs'
+    sums (too few to share), the order is the same for every row in every batch.
+    """
+    rows, n = x.shape
+    whole = n - n % SUM_RUN
+    sums = x[:, :whole].reshape(rows, -1, SUM_RUN).sum(dim=-1)  # (B, n / SUM_RUN)
+    if whole < n:
+        sums = torch.cat([sums, x[:, whole:].sum(dim=-1, keepdim=True)], dim=1)
+    return sums.sum(dim=-1, keepdim=True)
 
 
 def top_k_mask(logits: Tensor, top_k: Tensor, max_k: int | None = None) -> Tensor:
