@@ -299,21 +299,21 @@ def test_probabilities_without_subnormals_are_torchs():
 @pytest.mark.parametrize("width", [49_152, 50_257])  # runs of SUM_RUN, and a tail
 def test_a_rows_logsumexp_is_the_same_alone_and_beside_others(width):
     """With two threads torch shared a lone row's sum between them and gave each row of a batch
-    to one: a reply's logprobs changed in the last bits with the requests beside it (a greedy
-    reply's are the same in any batch: tests/test_quant.py, whose workers run one thread each)."""
+    to one: a reply's logprobs changed in the last bits with the requests beside it. (The test
+    of whole replies in any company, in tests/test_quant.py, runs one thread under make test.)"""
     logits = torch.randn(12, width, generator=torch.Generator().manual_seed(11)) * 4
     weights = exp_from_max(logits)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        for reduce in (sampling_ops.row_sums, logsumexp_rows):  # the sums, and their logs
-            x = weights if reduce is sampling_ops.row_sums else logits
-            together = reduce(x)
-            assert torch.equal(torch.cat([reduce(row[None]) for row in x]), together)
+        sums = sampling_ops.row_sums(weights)
+        assert torch.equal(torch.cat([sampling_ops.row_sums(w[None]) for w in weights]), sums)
+        total = logsumexp_rows(logits)
+        assert torch.equal(torch.cat([logsumexp_rows(row[None]) for row in logits]), total)
     finally:
         torch.set_num_threads(threads)
     want = logits.double().logsumexp(-1, keepdim=True).float()
-    torch.testing.assert_close(together, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(total, want, rtol=1e-6, atol=0)
 
 
 # --- sample(): greedy, temperature, seeds ----------------------------------------------------
