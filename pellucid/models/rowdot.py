@@ -100,11 +100,13 @@ def _head(rows: Tensor, packed: Tensor, params: Tensor, table: Tensor, k: int) -
     return out
 
 
-def _call(name: str, rows: Tensor, weight: Tensor, params: Tensor, out: Tensor) -> Tensor:
+def _call(name: str, rows: Tensor, out: Tensor, *matrix: Tensor) -> Tensor:
+    """rows times the matrix held by `matrix` (its tensors in the kernel's order: packed, high,
+    params; or weight, scales) into out, by rowdot.c's `name`."""
     rows = rows.contiguous()
     n, in_f = rows.shape
     getattr(kernels.library(), name)(
-        rows.data_ptr(), rows.dtype == torch.bfloat16, weight.data_ptr(), params.data_ptr(),
+        rows.data_ptr(), rows.dtype == torch.bfloat16, *(t.data_ptr() for t in matrix),
         out.data_ptr(), out.dtype == torch.bfloat16, n, out.shape[1], in_f,
     )  # fmt: skip
     return out
@@ -114,29 +116,23 @@ def _int4_out(rows: Tensor, packed: Tensor) -> Tensor:
     return rows.new_empty(rows.shape[0], packed.shape[0] * 8)  # blocks of 8 channels
 
 
-def _int5(rows: Tensor, packed: Tensor, high: Tensor, params: Tensor) -> Tensor:
-    rows, out = rows.contiguous(), _int4_out(rows, packed)
-    n, in_f = rows.shape
-    kernels.library().int5_rows_mm(
-        rows.data_ptr(), rows.dtype == torch.bfloat16, packed.data_ptr(), high.data_ptr(),
-        params.data_ptr(), out.data_ptr(), out.dtype == torch.bfloat16, n, out.shape[1], in_f,
-    )  # fmt: skip
-    return out
-
-
 def _int8_out(rows: Tensor, weight: Tensor) -> Tensor:
     return rows.new_empty(rows.shape[0], weight.shape[0], dtype=torch.float32)
 
 
 _LIB.impl(
     "int4_rows_mm",
-    lambda r, p, s: _call("int4_rows_mm", r, p, s, _int4_out(r, p)),
+    lambda r, p, s: _call("int4_rows_mm", r, _int4_out(r, p), p, s),
     "CompositeExplicitAutograd",
 )
-_LIB.impl("int5_rows_mm", _int5, "CompositeExplicitAutograd")
+_LIB.impl(
+    "int5_rows_mm",
+    lambda r, p, h, s: _call("int5_rows_mm", r, _int4_out(r, p), p, h, s),
+    "CompositeExplicitAutograd",
+)
 _LIB.impl(
     "int8_rows_mm",
-    lambda r, w, s: _call("int8_rows_mm", r, w, s, _int8_out(r, w)),
+    lambda r, w, s: _call("int8_rows_mm", r, _int8_out(r, w), w, s),
     "CompositeExplicitAutograd",
 )
 
